@@ -1,0 +1,1 @@
+"""Prefect flows: the RL iteration, training, evaluation, and the declarative dataflow API."""

@@ -1,0 +1,19 @@
+"""``hybridflow config show -c FILE [key=value ...]``: print the fully resolved config."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["show"], help="show: print the resolved config as YAML")
+    p.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.lr=2e-6")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hybridflow.config import dump_config, load_config
+
+    cfg = load_config(args.config, args.overrides)
+    print(dump_config(cfg), end="")
+    return 0

@@ -1,0 +1,59 @@
+"""Name → implementation registries for advantage estimators and policy losses.
+
+One implementation per name: registering a taken name raises; looking up an unknown
+name raises KeyError listing the known ones. Dispatch goes only through here.
+(Pattern from verl ``core_algos.py`` ``@register_adv_est``.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+_ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
+_POLICY_LOSSES: dict[str, Callable] = {}
+
+
+def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[F], F]:
+    def deco(fn: F) -> F:
+        if name in table:
+            raise ValueError(f"{kind} {name!r} is already registered (by {table[name].__module__})")
+        table[name] = fn
+        return fn
+
+    return deco
+
+
+def _get(table: dict[str, Callable], kind: str, name: str) -> Callable:
+    try:
+        return table[name]
+    except KeyError:
+        raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}") from None
+
+
+def register_advantage_estimator(name: str) -> Callable[[F], F]:
+    """Decorator: make ``fn`` selectable as ``algorithm.adv_estimator=name``."""
+    return _register(_ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+
+
+def get_advantage_estimator(name: str) -> Callable:
+    return _get(_ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+
+
+def advantage_estimator_names() -> list[str]:
+    return sorted(_ADVANTAGE_ESTIMATORS)
+
+
+def register_policy_loss(name: str) -> Callable[[F], F]:
+    """Decorator: make ``fn`` selectable as ``actor.policy_loss=name``."""
+    return _register(_POLICY_LOSSES, "policy loss", name)
+
+
+def get_policy_loss(name: str) -> Callable:
+    return _get(_POLICY_LOSSES, "policy loss", name)
+
+
+def policy_loss_names() -> list[str]:
+    return sorted(_POLICY_LOSSES)

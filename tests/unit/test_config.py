@@ -1,0 +1,70 @@
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from hybridflow.config import ConfigError, flatten_config, load_config, parse_overrides
+
+
+def test_defaults_validate():
+    cfg = load_config()
+    assert cfg.trajectories_per_step == cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt
+    assert cfg.needs_critic is False
+
+
+def test_overrides_parse_types():
+    d = parse_overrides(["actor.lr=2e-6", "data.train_files=[a.parquet, b.jsonl]", "actor.use_kl_loss=true"])
+    assert d == {"actor": {"lr": 2e-6, "use_kl_loss": True}, "data": {"train_files": ["a.parquet", "b.jsonl"]}}
+
+
+def test_config_is_frozen():
+    cfg = load_config()
+    with pytest.raises(ValidationError):
+        cfg.actor.lr = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("actor.lr=-1", "actor.lr=-1"),
+        ("algorithm.adv_estimator=grpoo", "allowed: "),
+        ("rollout.engine=tgi", "'hf' or 'vllm'"),
+        ("actor.lrr=1", "unknown key 'actor.lrr'"),
+        ("actor.mini_batch_trajectories=5", "must divide"),
+    ],
+)
+def test_bad_values_name_key_and_allowed(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert fragment in str(e.value)
+    assert "Traceback" not in str(e.value)
+
+
+def test_critic_required_for_gae():
+    with pytest.raises(ConfigError, match="needs a critic"):
+        load_config(None, ["algorithm.adv_estimator=gae", "placement.pools.main.roles=[policy]"])
+
+
+def test_double_kl_needs_explicit_allow():
+    ov = ["algorithm.use_kl_in_reward=true", "actor.use_kl_loss=true"]
+    with pytest.raises(ConfigError, match="both on"):
+        load_config(None, ov)
+    assert load_config(None, ov + ["algorithm.allow_kl_in_reward_and_loss=true"]).needs_reference
+
+
+def test_flatten_has_dotted_keys():
+    flat = flatten_config(load_config())
+    assert flat["actor.lr"] == 1e-6
+    assert flat["placement.pools.main.workers"] == 1
+
+
+def test_cli_config_show_and_errors():
+    cmd = [sys.executable, "-m", "flows.cli", "config", "show", "actor.lr=3e-6"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "lr: 3.0e-06" in out.stdout
+    bad = subprocess.run(cmd[:-1] + ["algorithm.adv_estimator=grpoo"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "algorithm.adv_estimator" in lines[0] and "grpo" in lines[0]

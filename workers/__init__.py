@@ -1,0 +1,1 @@
+"""Ray actor pools and the plain worker classes they host."""

@@ -1,0 +1,1 @@
+"""Rollout engines behind one protocol (hf, vllm)."""
