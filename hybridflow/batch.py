@@ -246,19 +246,18 @@ class Batch:
             total += 1
         return total.tolist()
 
-    def split_by_groups(self, k: int) -> list[Batch]:
-        """Split into k parts that never split a ``uid`` group, balancing token counts.
+    def split_indices_by_groups(self, k: int) -> list[list[int]]:
+        """Row indices of k parts that never split a ``uid`` group, balancing token counts.
 
-        Greedy longest-processing-time assignment (largest group to the lightest part), then
-        rows in each part keep their original order. Raises BatchError if there are fewer
-        groups than parts.
+        Parts get equal group counts (±1, so data-parallel ranks stay in step), then groups go
+        greedily, largest first, to the lightest part (LPT). Rows of a part keep their original
+        order. Raises BatchError if there are fewer groups than parts.
         """
         groups = self.groups()
         if k < 1 or len(groups) < k:
             raise BatchError(f"split_by_groups: {len(groups)} groups cannot fill {k} parts")
         tokens = self.token_counts()
         weights = [sum(tokens[i] for i in g) for g in groups]
-        # equal group count per part first (needed for data parallel symmetry), then tokens.
         per_part = [len(groups) // k + (1 if r < len(groups) % k else 0) for r in range(k)]
         parts: list[list[int]] = [[] for _ in range(k)]
         load = [0] * k
@@ -267,7 +266,11 @@ class Batch:
             r = min(candidates, key=lambda r: (load[r], r))
             parts[r].append(gi)
             load[r] += weights[gi]
-        return [self.index(sorted(i for g in sorted(p) for i in groups[g])) for p in parts]
+        return [sorted(i for g in p for i in groups[g]) for p in parts]
+
+    def split_by_groups(self, k: int) -> list[Batch]:
+        """Split into k batches by :meth:`split_indices_by_groups`."""
+        return [self.index(idx) for idx in self.split_indices_by_groups(k)]
 
     def chunk(self, size: int) -> list[Batch]:
         """Consecutive chunks of ``size`` rows (the last may be smaller)."""
