@@ -218,6 +218,9 @@ class PoolConfig(_Section):
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each actor reserves.")
     roles: list[Role] = Field(description="Roles sharing each actor's process (the hybrid engine).")
     strategy: Literal["ddp", "fsdp"] = Field("ddp", description="Training strategy inside the pool.")
+    torch_threads: int | None = Field(
+        None, gt=0, description="torch intra-op threads per actor; None = cpus_per_worker rounded (min 1)."
+    )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="Ray placement-group strategy."
     )
@@ -251,6 +254,9 @@ class TrainerConfig(_Section):
     max_bad_updates: int = Field(3, gt=0, description="Stop after this many NaN/inf updates in a row.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where workers compute.")
     task_runner: Literal["ray", "thread"] = Field("ray", description="Prefect task runner.")
+    dataflow: str | None = Field(
+        None, description="'module:function' returning the iteration's DataFlow for a config (None = built-in)."
+    )
     plugins: list[str] = Field(
         default_factory=list, description="Modules imported first; they may register estimators, losses, nodes."
     )

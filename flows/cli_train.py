@@ -1,0 +1,77 @@
+"""``hybridflow train -c CONFIG [key=value ...] [--resume RUN_DIR]``.
+
+Validates the config first (fast, before anything heavy), starts a local Prefect server on
+127.0.0.1 unless PREFECT_API_URL is set, starts Ray once, runs the train flow, prints the
+summary, and stops what it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", help="YAML config (examples/grpo_arith.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.lr=2e-6 rollout.temperature=0.8")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint ('auto' = latest)")
+    p.add_argument("--prefect-home", default=None, help="where the local Prefect server keeps its SQLite db")
+
+
+def print_summary(summary: dict, prefect_url: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="hybridflow run summary", show_header=False)
+    rows = [
+        ("run dir", summary.get("run_dir")),
+        ("iterations", summary.get("iterations")),
+        ("reward (first → last iteration)", f"{summary.get('reward_first')} → {summary.get('reward_last')}"),
+        ("validation before", json.dumps(summary.get("val_before"))),
+        ("validation after", json.dumps(summary.get("val_after"))),
+        ("checkpoint", summary.get("checkpoint")),
+        ("MLflow run", f"{summary.get('mlflow_run_id')} at {summary.get('mlflow_uri')}"),
+        ("Prefect flow run", summary.get("prefect_flow_run_id")),
+    ]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    console = Console()
+    console.print(table)
+    uri = summary.get("mlflow_uri", "sqlite:///mlflow.db")
+    console.print("Open the UIs on this run:")
+    console.print(f"  MLflow:  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
+    home = summary.get("prefect_home") or "<prefect home>"
+    console.print(f"  Prefect: PREFECT_HOME={home} .venv/bin/prefect server start --host 127.0.0.1 "
+                  f"  (then open http://127.0.0.1:4200/runs/flow-run/{summary.get('prefect_flow_run_id')})")
+    if prefect_url:
+        console.print(f"  (Prefect API used by this run: {prefect_url})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hybridflow.config import load_config
+
+    cfg = load_config(args.config, args.overrides)  # fails fast with a readable ConfigError
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from flows.runtime import ensure_prefect_api
+
+    home = args.prefect_home or str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
+    server = ensure_prefect_api(home)
+    try:
+        from flows.train import train
+
+        summary = train(config=cfg.model_dump(mode="json"), config_path=args.config, resume=args.resume)
+        summary["prefect_home"] = server.home or None
+        print_summary(summary, server.url)
+        return 0
+    finally:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        finally:
+            server.stop()
+            sys.stdout.flush()

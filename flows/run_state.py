@@ -1,0 +1,243 @@
+"""The driver's state of one training run: identity, data, sampler, versions, metrics log,
+resume from the latest checkpoint, and the end-of-run summary.
+
+Layout of a run directory (any fsspec-style local path here):
+    <trainer.run_dir>/<run_id>/
+        config.yaml  run.json  metrics.jsonl  execution_log.jsonl  summary.json
+        iter_000007/{prompts,rollout,reward,reference,values,advantage}.{safetensors,json}
+        updates_policy.jsonl  updates_critic.jsonl   (exactly-once ledgers)
+        checkpoints/step_000010/ ... checkpoints/latest
+        prefect-results/   (Prefect result storage: node-level cache)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from hybridflow.config import ExperimentConfig, dump_config, load_config
+from tasks.common import NodeResult, RunContext, load_node_output, result_storage_path
+from workers.pool import namespace_for
+
+
+def _latest_run(parent: Path) -> Path | None:
+    runs = [p for p in parent.iterdir() if (p / "run.json").exists()] if parent.exists() else []
+    return max(runs, key=lambda p: (p / "run.json").stat().st_mtime) if runs else None
+
+
+class RunState:
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, *, resumed: bool):
+        self.cfg = cfg
+        self.run_dir = str(run_dir.resolve())
+        self.run_id = run_dir.name
+        self.resumed = resumed
+        self.namespace = namespace_for(self.run_id)
+        self.policy_version = 0
+        self.critic_version = 0
+        self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef
+        self.bad_updates_in_a_row = 0
+        self.start_iteration = 1
+        self.last_iteration = 0
+        self.last_checkpoint_iteration = 0
+        self.last_val_iteration = -1
+        self.mlflow_run_id: str | None = None
+        self.info: dict[str, Any] = {}
+        self.validations: dict[int, dict[str, float]] = {}
+        self.val_prompts: NodeResult | None = None
+        self._load_data()
+
+    # ---- identity / persistence ----
+    def bind(self, **info: Any) -> None:
+        self.info.update(info)
+        self.mlflow_run_id = info.get("mlflow_run_id", self.mlflow_run_id)
+        (Path(self.run_dir) / "run.json").write_text(json.dumps({"run_id": self.run_id, **self.info}, indent=2))
+
+    def context(self, iteration: int) -> RunContext:
+        return RunContext(self.run_id, self.run_dir, iteration, self.namespace, self.cfg.trainer.seed,
+                          self.cfg.model_dump(mode="json"))
+
+    def append_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
+        self.last_iteration = iteration
+        clean = {k: v for k, v in metrics.items() if isinstance(v, float) and math.isfinite(v)}
+        with open(Path(self.run_dir) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"iteration": iteration, "metrics": clean}) + "\n")
+
+    def metrics_history(self) -> dict[int, dict[str, float]]:
+        """Per-iteration metrics (the last record of each iteration wins, e.g. after a resume)."""
+        path = Path(self.run_dir) / "metrics.jsonl"
+        out: dict[int, dict[str, float]] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                rec = json.loads(line)
+                out[rec["iteration"]] = rec["metrics"]
+        return out
+
+    def record_validation(self, iteration: int, metrics: dict[str, float]) -> None:
+        self.validations[iteration] = metrics
+        self.last_val_iteration = iteration
+        with open(Path(self.run_dir) / "validation.jsonl", "a") as f:
+            f.write(json.dumps({"iteration": iteration, "metrics": metrics}) + "\n")
+
+    def trainer_state(self, iteration: int) -> dict[str, Any]:
+        return {
+            "iteration": iteration,
+            "policy_version": self.policy_version,
+            "critic_version": self.critic_version,
+            "kl_coef": self.kl_coef,
+            "bad_updates_in_a_row": self.bad_updates_in_a_row,
+            "sampler": self.sampler.state_dict(),
+            "mlflow_run_id": self.mlflow_run_id,
+        }
+
+    def restore(self, ckpt_root: str) -> None:
+        from workers.checkpoint import load_latest, read_trainer_state
+
+        path = load_latest(ckpt_root)
+        if path is None:
+            return
+        st = read_trainer_state(path)
+        self.policy_version = st["policy_version"]
+        self.critic_version = st["critic_version"]
+        self.kl_coef = st["kl_coef"]
+        self.bad_updates_in_a_row = st["bad_updates_in_a_row"]
+        self.sampler.load_state_dict(st["sampler"])
+        self.mlflow_run_id = st.get("mlflow_run_id")
+        self.start_iteration = st["iteration"] + 1
+        self.last_iteration = self.last_checkpoint_iteration = st["iteration"]
+        for rec in (Path(self.run_dir) / "validation.jsonl").read_text().splitlines() if (
+                Path(self.run_dir) / "validation.jsonl").exists() else []:
+            r = json.loads(rec)
+            self.validations[r["iteration"]] = r["metrics"]
+
+    # ---- data ----
+    def _load_data(self) -> None:
+        from hybridflow.data import PromptDataset, PromptSampler, load_rows
+        from hybridflow.models import load_tokenizer
+
+        cfg = self.cfg
+        if not cfg.data.train_files:
+            raise ValueError("data.train_files is empty: give at least one parquet/jsonl file")
+        self.tokenizer = load_tokenizer(cfg.model)
+        self.train_set = PromptDataset(load_rows(cfg.data.train_files, cfg.data), self.tokenizer, cfg.data)
+        if len(self.train_set) < cfg.data.prompts_per_step:
+            raise ValueError(f"data.train_files hold {len(self.train_set)} usable prompts, fewer than "
+                             f"data.prompts_per_step={cfg.data.prompts_per_step}")
+        self.sampler = PromptSampler(len(self.train_set), cfg.data.prompts_per_step, shuffle=cfg.data.shuffle,
+                                     seed=cfg.trainer.seed, drop_last=cfg.data.drop_last)
+        self.val_set = None
+        if cfg.data.val_files:
+            self.val_set = PromptDataset(load_rows(cfg.data.val_files, cfg.data), self.tokenizer, cfg.data)
+
+    def _save_prompts(self, iteration: int, node: str, indices: list[int], dataset: Any) -> NodeResult:
+        batch = dataset.collate(indices)
+        run = self.context(iteration)
+        ref = batch.save(run.batch_uri(node), run_id=self.run_id, iteration=iteration, node=node)
+        return {"node": node, "ref": ref.to_dict(), "metrics": {}}
+
+    def next_prompts(self, iteration: int) -> NodeResult | None:
+        if self.sampler.epoch >= self.cfg.trainer.total_epochs:
+            return None
+        indices = self.sampler.next_indices()
+        return self._save_prompts(iteration, "prompts", list(indices), self.train_set)
+
+    def flow_inputs(self, prompts: NodeResult) -> dict[str, Any]:
+        inputs: dict[str, Any] = {"prompts": prompts, "kl_coef": self.kl_coef, "policy_version": self.policy_version}
+        if self.cfg.needs_critic:
+            inputs["critic_version"] = self.critic_version
+        return inputs
+
+    def prepare_validation(self) -> None:
+        if self.val_set is None:
+            return
+        n = len(self.val_set)
+        if self.cfg.data.val_max_prompts:
+            n = min(n, self.cfg.data.val_max_prompts)
+        self.val_prompts = self._save_prompts(0, "val_prompts", list(range(n)), self.val_set)
+
+    # ---- pools ----
+    def bring_up_pools(self) -> None:
+        from flows.runtime import ensure_ray
+        from workers.pool import create_pools
+
+        ensure_ray(self.cfg)
+        self.pools = create_pools(self.cfg, namespace=self.namespace, ckpt_root=f"{self.run_dir}/checkpoints")
+        self.prepare_validation()
+
+    # ---- reporting ----
+    def sample_rows(self, results: dict[str, NodeResult], limit: int = 8) -> list[dict[str, Any]]:
+        batch = load_node_output(results.get("advantage"))
+        if batch is None or "response_ids" not in batch:
+            return []
+        rows = []
+        for i in range(min(limit, len(batch))):
+            mask = batch["response_mask"][i]
+            text = self.tokenizer.decode(batch["response_ids"][i][mask].tolist(), skip_special_tokens=True)
+            rows.append({
+                "prompt": batch["raw_prompt"][i] if "raw_prompt" in batch else "",
+                "response": text,
+                "ground_truth": str(batch["ground_truth"][i]) if "ground_truth" in batch else "",
+                "score": float(batch["token_level_scores"][i].sum()),
+            })
+        return rows
+
+    def progress_line(self, it: int, m: dict[str, float]) -> str:
+        return (f"[iter {it}/{self.cfg.trainer.total_iterations}] score={m.get('critic/score/mean', float('nan')):.3f} "
+                f"len={m.get('response_length/mean', float('nan')):.1f} pg_loss={m.get('actor/pg_loss', float('nan')):.4f} "
+                f"step={m.get('timing_s/step', float('nan')):.1f}s")
+
+    def summary(self) -> dict[str, Any]:
+        hist = self.metrics_history()
+        scores = [hist[i].get("critic/score/mean") for i in sorted(hist)]
+        scores = [s for s in scores if s is not None]
+        val_keys = lambda m: {k: v for k, v in m.items() if k.startswith("val-core/")}  # noqa: E731
+        vals = sorted(self.validations)
+        from workers.checkpoint import load_latest
+
+        return {
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "iterations": self.last_iteration,
+            "checkpoint": load_latest(f"{self.run_dir}/checkpoints"),
+            "reward_first": scores[0] if scores else None,
+            "reward_last": scores[-1] if scores else None,
+            "val_before": val_keys(self.validations[vals[0]]) if vals else {},
+            "val_after": val_keys(self.validations[vals[-1]]) if vals else {},
+            **self.info,
+            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+
+
+def open_run(cfg: ExperimentConfig, *, resume: str | None) -> RunState:
+    """Create a new run directory, or reopen one to resume (``resume`` = its path, or "auto")."""
+    parent = Path(cfg.trainer.run_dir)
+    target: Path | None = None
+    if resume == "auto" or (resume is None and cfg.trainer.resume == "auto"):
+        target = _latest_run(parent)
+    elif resume:
+        target = Path(resume)
+        if not (target / "run.json").exists():
+            raise FileNotFoundError(f"--resume {resume}: not a run directory (no run.json)")
+    if target is not None:
+        saved = load_config(target / "config.yaml")
+        # the saved run defines the experiment; the caller may extend it (e.g. more iterations)
+        merged = saved.model_copy(update={"trainer": saved.trainer.model_copy(
+            update={"total_iterations": max(cfg.trainer.total_iterations, saved.trainer.total_iterations)})})
+        state = RunState(merged, target, resumed=True)
+        info = json.loads((target / "run.json").read_text())
+        state.info = {k: v for k, v in info.items() if k != "run_id"}
+        state.mlflow_run_id = info.get("mlflow_run_id")
+        state.restore(f"{state.run_dir}/checkpoints")
+        return state
+    run_id = cfg.trainer.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.algorithm.adv_estimator}"
+    run_dir = parent / run_id
+    if (run_dir / "run.json").exists():
+        raise FileExistsError(f"run directory {run_dir} exists; resume it with --resume {run_dir}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    result_storage_path(str(run_dir)).mkdir(parents=True, exist_ok=True)
+    state = RunState(cfg, run_dir, resumed=False)
+    state.bind()
+    return state

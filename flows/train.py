@@ -1,0 +1,174 @@
+"""The train flow: validate the config, bring up the pools, loop iterations (each a subflow),
+validate, checkpoint, resume, and end with a summary.
+
+Reads top to bottom like DESIGN.md: for each step the sampler picks prompts, the iteration
+subflow runs rollout → reward ‖ reference ‖ values → advantage → update, metrics go to
+MLflow, and every ``save_every`` iterations the pools checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run as prefect_flow_run
+
+from flows.run_state import RunState, open_run
+from flows.tracking import Tracker
+from hybridflow.config import ExperimentConfig, config_from_dict, load_config
+from tasks.checkpoint import checkpoint
+from tasks.common import RunContext, result_storage_path
+from tasks.validate import validate
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot go on (e.g. too many NaN/inf updates in a row)."""
+
+
+def _resolve_config(config: dict | None, config_path: str | None, overrides: list[str] | None) -> ExperimentConfig:
+    if config is not None:
+        return _merge(config_from_dict(config), overrides)
+    return load_config(config_path, overrides)
+
+
+def _merge(base: ExperimentConfig, overrides: list[str] | None) -> ExperimentConfig:
+    if not overrides:
+        return base
+    from hybridflow.config import _deep_merge, parse_overrides
+
+    return config_from_dict(_deep_merge(base.model_dump(mode="json"), parse_overrides(overrides)))
+
+
+def _task_runner(cfg: ExperimentConfig):
+    if cfg.trainer.task_runner == "ray":
+        from prefect_ray import RayTaskRunner
+
+        return RayTaskRunner(address=cfg.placement.ray_address)
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    return ThreadPoolTaskRunner(max_workers=8)
+
+
+def _submit(cfg: ExperimentConfig, task: Any, **kwargs: Any) -> Any:
+    """Run a driver-level node task on the task runner (zero CPUs: it only coordinates)."""
+    storage = result_storage_path(kwargs["run"].run_dir)
+    if cfg.trainer.task_runner == "ray":
+        from prefect_ray.context import remote_options
+
+        with remote_options(num_cpus=0):
+            return task.with_options(result_storage=storage).submit(**kwargs).result()
+    return task.with_options(result_storage=storage).submit(**kwargs).result()
+
+
+def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: Tracker) -> dict[str, float]:
+    if state.val_prompts is None:
+        return {}
+    res = _submit(cfg, validate, run=run, val_prompts=state.val_prompts)
+    metrics = {k: v for k, v in res["metrics"].items() if k.startswith(("val-core/", "val-aux/", "timing_s/"))}
+    tracker.log_metrics(metrics, step=run.iteration)
+    state.record_validation(run.iteration, metrics)
+    return metrics
+
+
+def _log_iteration(cfg: ExperimentConfig, state: RunState, it: int, out: dict[str, Any], tracker: Tracker) -> None:
+    m = out["metrics"]
+    tracker.log_metrics(m, step=it)
+    state.append_metrics(it, m)
+    every = cfg.tracking.log_samples_every
+    if every and it % every == 0:
+        rows = state.sample_rows(out["results"])
+        if rows:
+            tracker.log_samples(rows, step=it)
+
+
+def _check_update(cfg: ExperimentConfig, state: RunState, metrics: dict[str, float], it: int) -> None:
+    if metrics.get("actor/update_skipped", 0.0):
+        state.bad_updates_in_a_row += 1
+        get_run_logger().warning("iteration %d: policy update skipped (NaN/inf); %d in a row",
+                                 it, state.bad_updates_in_a_row)
+        if state.bad_updates_in_a_row >= cfg.trainer.max_bad_updates:
+            raise TrainingStopped(
+                f"{state.bad_updates_in_a_row} policy updates in a row had a NaN/inf loss or gradient "
+                f"(trainer.max_bad_updates={cfg.trainer.max_bad_updates}); stopping at iteration {it}. "
+                "Lower actor.lr or check the rewards."
+            )
+    else:
+        state.bad_updates_in_a_row = 0
+        state.policy_version += 1
+    if cfg.needs_critic and not metrics.get("critic/update_skipped", 0.0):
+        state.critic_version += 1
+    if "critic/kl_coef_next" in metrics:
+        state.kl_coef = metrics["critic/kl_coef_next"]
+
+
+def _checkpoint(cfg: ExperimentConfig, state: RunState, run: RunContext) -> None:
+    _submit(cfg, checkpoint, run=run, trainer_state=state.trainer_state(run.iteration))
+    state.last_checkpoint_iteration = run.iteration
+
+
+@flow(name="train", flow_run_name="train-{config_path}", log_prints=True, persist_result=False)
+def train(
+    config: dict | None = None,
+    config_path: str | None = None,
+    overrides: list[str] | None = None,
+    resume: str | None = None,
+) -> dict[str, Any]:
+    """Train. ``config`` (a mapping) or ``config_path`` (YAML) plus dotted ``overrides``;
+    ``resume`` = a run directory to continue (or "auto": the latest run under trainer.run_dir).
+    Returns the summary dict (run dir, checkpoint, MLflow and Prefect ids, reward and
+    validation accuracy before/after)."""
+    from flows.iteration import iteration
+
+    cfg = _resolve_config(config, config_path, overrides)
+    state = open_run(cfg, resume=resume)
+    cfg = state.cfg
+    logger = get_run_logger()
+    flow_run_id = str(prefect_flow_run.id or "")
+    tracker = Tracker(cfg, run_name=state.run_id, mlflow_run_id=state.mlflow_run_id,
+                      tags={"prefect.flow_run_id": flow_run_id, "hybridflow.run_dir": state.run_dir})
+    tracker.set_tag("prefect.flow_run_id", flow_run_id)
+    state.bind(mlflow_run_id=tracker.run_id, mlflow_uri=tracker.uri, prefect_flow_run_id=flow_run_id)
+    logger.info("run %s in %s (MLflow run %s)", state.run_id, state.run_dir, tracker.run_id)
+    state.bring_up_pools()
+    iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
+    base = state.context(0)
+    if cfg.trainer.val_before_train and state.start_iteration == 1:
+        _validate(cfg, state, base, tracker)
+    status = "FAILED"
+    try:
+        for it in range(state.start_iteration, cfg.trainer.total_iterations + 1):
+            prompts = state.next_prompts(it)
+            if prompts is None:
+                logger.info("data exhausted after %d epochs", cfg.trainer.total_epochs)
+                break
+            t0 = time.perf_counter()
+            out = iteration_flow(run=base.with_iteration(it), inputs=state.flow_inputs(prompts))
+            out["metrics"]["timing_s/iteration_wall"] = time.perf_counter() - t0
+            _check_update(cfg, state, out["metrics"], it)
+            _log_iteration(cfg, state, it, out, tracker)
+            print(state.progress_line(it, out["metrics"]))
+            if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
+                _validate(cfg, state, base.with_iteration(it), tracker)
+            if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:
+                _checkpoint(cfg, state, base.with_iteration(it))
+        if cfg.trainer.val_every and state.last_val_iteration != state.last_iteration and state.val_prompts:
+            _validate(cfg, state, base.with_iteration(state.last_iteration), tracker)
+        status = "FINISHED"
+    finally:
+        tracker.log_curves()
+        tracker.finish(status)
+    summary = state.summary()
+    Path(state.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
+    logger.info("summary: %s", json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    train(config_path=sys.argv[1], overrides=sys.argv[2:])
+    os._exit(0)

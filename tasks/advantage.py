@@ -1,0 +1,38 @@
+"""advantage node: KL-in-reward / overlong shaping, then the configured estimator (pure maths
+lives in hybridflow.algorithms.pipeline; this is glue)."""
+
+from __future__ import annotations
+
+from hybridflow.batch import Batch
+from tasks.common import RunContext
+from tasks.node import node
+
+
+@node(name="advantage", retries=1)
+def advantage(
+    run: RunContext,
+    rollout: Batch,
+    reward: Batch,
+    reference: Batch | None = None,
+    values: Batch | None = None,
+    kl_coef: float | None = None,
+) -> tuple[Batch, dict]:
+    """Joins the upstream fields and returns the training batch with token_level_rewards,
+    advantages and returns. ``kl_coef`` is the KL controller's current β (adaptive control)."""
+    from hybridflow.metrics import compute_data_metrics
+
+    from hybridflow.algorithms import make_kl_controller
+    from hybridflow.algorithms.pipeline import compute_advantages
+
+    cfg = run.cfg()
+    batch = rollout
+    for extra in (reward, reference, values):
+        if extra is not None:
+            batch = batch.union(extra)
+    ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
+    if kl_coef is not None:
+        ctrl.value = kl_coef
+    batch, metrics = compute_advantages(batch, cfg, kl_controller=ctrl)
+    metrics.update(compute_data_metrics(batch, max_response_tokens=cfg.rollout.max_response_tokens))
+    metrics["critic/kl_coef_next"] = ctrl.value
+    return batch, metrics

@@ -1,0 +1,40 @@
+"""validate node: greedy (by default) generation on held-out prompts, scored by the reward pool."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hybridflow.batch import Batch
+from tasks.common import RunContext
+from tasks.node import node
+from tasks.pools import pool_of
+
+
+def _validation_metrics(scored: Batch, k: int) -> dict[str, float]:
+    """val-core/<data_source>/acc/mean@k (and pass@k when k > 1), per data source."""
+    acc_key = "acc" if "acc" in scored else "score"
+    per_source: dict[str, list[list[float]]] = defaultdict(list)
+    groups: dict[str, list[float]] = defaultdict(list)
+    for uid, src, a in zip(scored["uid"], scored["data_source"], scored[acc_key], strict=True):
+        groups[(src, uid)].append(float(a))
+    for (src, _uid), vals in groups.items():
+        per_source[src].append(vals)
+    out: dict[str, float] = {}
+    for src, rows in per_source.items():
+        out[f"val-core/{src}/acc/mean@{k}"] = sum(sum(r) / len(r) for r in rows) / len(rows)
+        if k > 1:
+            out[f"val-core/{src}/acc/pass@{k}"] = sum(float(max(r) > 0) for r in rows) / len(rows)
+    return out
+
+
+@node(name="validate", retries=1)
+def validate(run: RunContext, val_prompts: Batch) -> tuple[Batch, dict]:
+    """Returns the scored validation generations and val-core metrics."""
+    cfg = run.cfg()
+    gen = pool_of(run, "policy").call(
+        "policy", "generate_sequences", val_prompts, seed=run.node_seed("validate"), validate=True
+    )
+    gen.meta.pop("metrics", None)
+    scored = pool_of(run, "reward").call("reward", "compute_rewards", gen)
+    metrics = {**scored.meta.pop("metrics", {}), **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
+    return scored, {k.replace("critic/", "val-aux/", 1): v for k, v in metrics.items()}

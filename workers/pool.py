@@ -1,0 +1,361 @@
+"""Persistent Ray actor pools: create or look up, place, dispatch, health, restart.
+
+A pool is ``workers`` Ray actors (data-parallel ranks) named ``<pool>/rank<r>`` in the
+run's namespace, placed with one placement group (one bundle per rank). Each actor is a
+:class:`WorkerHost` that holds one plain worker object per role (roles in one pool share
+the process: the hybrid engine). Prefect tasks find a pool by name with :func:`get_pool`
+and call role methods through :meth:`Pool.call`, which splits and joins the call by the
+method's declared dispatch protocol (:mod:`workers.dispatch`).
+
+Recovery: actors are created with ``max_restarts``; a restarted single-rank actor rebuilds
+its workers and restores the pool's latest checkpoint in ``__init__`` before it serves
+again. A multi-rank pool whose process group broke is rebuilt as a whole by
+:meth:`Pool.ensure_healthy`. A pool that cannot recover raises :class:`PoolError` naming
+the pool, the rank and the cause.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import get_placement_group, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.config import ExperimentConfig, PoolConfig, config_from_dict
+from workers.dispatch import get_dispatch, protocol_of
+
+ROLE_CLASSES = {
+    "policy": "workers.policy:PolicyWorker",
+    "reference": "workers.reference:ReferenceWorker",
+    "critic": "workers.critic:CriticWorker",
+    "reward": "workers.reward:RewardWorker",
+}
+# construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
+ROLE_ORDER = ("policy", "reference", "critic", "reward")
+
+
+class PoolError(RuntimeError):
+    """A pool cannot serve: names the pool, the rank and the cause."""
+
+
+def role_class(role: str) -> type:
+    module, name = ROLE_CLASSES[role].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def namespace_for(run_id: str) -> str:
+    return f"hybridflow-{run_id}"
+
+
+def resolve_device(cfg: ExperimentConfig, pool_cfg: PoolConfig) -> str:
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device
+    return "cuda" if pool_cfg.gpus_per_worker > 0 else "cpu"
+
+
+class WorkerHost:
+    """The process behind one rank of a pool. Plain class; :func:`create_pool` makes it remote."""
+
+    def __init__(
+        self,
+        cfg_dict: dict,
+        pool_name: str,
+        rank: int,
+        world_size: int,
+        ckpt_root: str | None,
+        torch_threads: int | None = None,
+    ):
+        self.cfg = config_from_dict(cfg_dict)
+        self.pool_name = pool_name
+        self.pool_cfg = self.cfg.placement.pools[pool_name]
+        self.rank, self.world_size = rank, world_size
+        self.ckpt_root = ckpt_root
+        self.device = resolve_device(self.cfg, self.pool_cfg)
+        self.workers: dict[str, Any] = {}
+        self.restored_from: str | None = None
+        if torch_threads:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+        for mod in self.cfg.trainer.plugins:
+            importlib.import_module(mod)
+        if world_size == 1:  # single rank: ready at once, so a Ray restart restores by itself
+            self.setup()
+
+    # ---- distributed set-up (multi-rank pools) ----
+    def free_address(self) -> tuple[str, int]:
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ip, s.getsockname()[1]
+
+    def init_distributed(self, addr: str, port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        if self.device == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group(
+            backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=self.world_size
+        )
+
+    def setup(self) -> None:
+        for role in ROLE_ORDER:
+            if role not in self.pool_cfg.roles:
+                continue
+            cls = role_class(role)
+            kwargs: dict[str, Any] = {"rank": self.rank, "world_size": self.world_size, "device": self.device}
+            if role == "reference" and "policy" in self.workers:
+                kwargs["policy"] = self.workers["policy"]
+            self.workers[role] = cls(self.cfg, **kwargs)
+        self._restore_latest()
+
+    def _restore_latest(self) -> None:
+        if not self.ckpt_root:
+            return
+        from workers.checkpoint import load_latest
+
+        path = load_latest(self.ckpt_root)
+        if path is None:
+            return
+        for role, worker in self.workers.items():
+            if hasattr(worker, "load_checkpoint") and role in ("policy", "critic"):
+                worker.load_checkpoint(path)
+        self.restored_from = path
+
+    # ---- serving ----
+    def is_ready(self) -> bool:
+        return bool(self.workers)
+
+    def ping(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "roles": sorted(self.workers),
+            "ready": self.is_ready(),
+            "restored_from": self.restored_from,
+        }
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if role not in self.workers:
+            raise PoolError(
+                f"pool {self.pool_name!r} rank {self.rank} has no ready role {role!r} (roles: {sorted(self.workers)})"
+            )
+        return getattr(self.workers[role], method)(*args, **kwargs)
+
+
+@dataclass
+class Pool:
+    """Handle to a pool's actors (picklable: Prefect tasks receive or look it up)."""
+
+    name: str
+    namespace: str
+    actors: list[Any]
+    roles: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def call(self, role: str, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """Run ``role.method`` on the ranks as its dispatch protocol says; returns the joined result."""
+        proto = get_dispatch(protocol_of(getattr(role_class(role), method)))
+        calls, info = proto.split(args, kwargs, self.world_size)
+        refs = [
+            None if c is None else actor.call.remote(role, method, *c[0], **c[1])
+            for actor, c in zip(self.actors, calls, strict=True)
+        ]
+        results = []
+        for rank, ref in enumerate(refs):
+            if ref is None:
+                results.append(None)
+                continue
+            try:
+                results.append(ray.get(ref, timeout=timeout_s))
+            except GetTimeoutError:
+                raise PoolError(f"pool {self.name!r} rank {rank}: {role}.{method} timed out after {timeout_s}s") from None
+        return proto.join([r for r in results if r is not None] if proto.name != "broadcast" else results, info)
+
+    def ping(self, deadline_s: float = 30.0) -> list[dict[str, Any]]:
+        """Ping every rank; raises PoolError naming the first rank that is dead or too slow."""
+        out = []
+        for rank, actor in enumerate(self.actors):
+            try:
+                out.append(ray.get(actor.ping.remote(), timeout=deadline_s))
+            except GetTimeoutError:
+                raise PoolError(f"pool {self.name!r} rank {rank}: no answer to ping within {deadline_s}s") from None
+            except RayActorError as e:
+                raise PoolError(f"pool {self.name!r} rank {rank} is dead: {_cause(e)}") from None
+        return out
+
+    def pids(self) -> list[int]:
+        return [p["pid"] for p in self.ping()]
+
+
+def _cause(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _actor_name(pool: str, rank: int) -> str:
+    return f"{pool}/rank{rank}"
+
+
+def get_pool(name: str, namespace: str, roles: tuple[str, ...] = ()) -> Pool:
+    """Look up an existing pool by name. Raises PoolError if it does not exist."""
+    actors = []
+    rank = 0
+    while True:
+        try:
+            actors.append(ray.get_actor(_actor_name(name, rank), namespace=namespace))
+        except ValueError:
+            break
+        rank += 1
+    if not actors:
+        raise PoolError(f"pool {name!r} does not exist in namespace {namespace!r}")
+    return Pool(name, namespace, actors, roles)
+
+
+def create_pool(
+    cfg: ExperimentConfig,
+    name: str,
+    *,
+    namespace: str,
+    ckpt_root: str | None,
+    max_restarts: int = 3,
+    ready_timeout_s: float = 600.0,
+) -> Pool:
+    """Create (or look up, if it exists) the pool ``name`` of ``cfg.placement.pools``.
+
+    Blocks until every rank has built its workers (models loaded). Raises PoolError naming
+    the rank that failed and why (e.g. the model path does not exist).
+    """
+    pool_cfg = cfg.placement.pools[name]
+    try:
+        existing = get_pool(name, namespace, tuple(pool_cfg.roles))
+        if existing.world_size == pool_cfg.workers:
+            return existing
+    except PoolError:
+        pass
+    pg_name = f"{namespace}/{name}"
+    try:
+        pg = get_placement_group(pg_name)
+    except ValueError:
+        bundle = {"CPU": pool_cfg.cpus_per_worker}
+        if pool_cfg.gpus_per_worker:
+            bundle["GPU"] = pool_cfg.gpus_per_worker
+        pg = placement_group([bundle] * pool_cfg.workers, strategy=pool_cfg.placement_strategy, name=pg_name)
+    if not pg.wait(timeout_seconds=ready_timeout_s):
+        remove_placement_group(pg)
+        raise PoolError(
+            f"pool {name!r}: placement group {pool_cfg.workers}×{{CPU: {pool_cfg.cpus_per_worker}, GPU: "
+            f"{pool_cfg.gpus_per_worker}}} cannot be placed; cluster resources: {ray.cluster_resources()}"
+        )
+    threads = pool_cfg.torch_threads or max(1, int(round(pool_cfg.cpus_per_worker)))
+    host_cls = ray.remote(WorkerHost)
+    cfg_dict = cfg.model_dump(mode="json")
+    actors = []
+    for rank in range(pool_cfg.workers):
+        actors.append(
+            host_cls.options(
+                name=_actor_name(name, rank),
+                namespace=namespace,
+                num_cpus=pool_cfg.cpus_per_worker,
+                num_gpus=pool_cfg.gpus_per_worker,
+                max_restarts=max_restarts,
+                max_task_retries=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+            ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads)
+        )
+    pool = Pool(name, namespace, actors, tuple(pool_cfg.roles))
+    _bring_up(pool, ready_timeout_s)
+    return pool
+
+
+def _bring_up(pool: Pool, timeout_s: float) -> None:
+    try:
+        if pool.world_size > 1:
+            addr, port = ray.get(pool.actors[0].free_address.remote(), timeout=timeout_s)
+            ray.get([a.init_distributed.remote(addr, port) for a in pool.actors], timeout=timeout_s)
+            ray.get([a.setup.remote() for a in pool.actors], timeout=timeout_s)
+        else:
+            ray.get(pool.actors[0].ping.remote(), timeout=timeout_s)
+    except RayActorError as e:
+        rank = _failed_rank(pool)
+        raise PoolError(f"pool {pool.name!r} rank {rank} failed to start: {_root_cause(e)}") from None
+    except GetTimeoutError:
+        raise PoolError(f"pool {pool.name!r} did not come up within {timeout_s}s") from None
+
+
+def _failed_rank(pool: Pool) -> int | str:
+    for rank, a in enumerate(pool.actors):
+        try:
+            ray.get(a.ping.remote(), timeout=5)
+        except Exception:
+            return rank
+    return "?"
+
+
+def _root_cause(e: BaseException) -> str:
+    """The innermost error line of a Ray actor failure (e.g. 'FileNotFoundError: model path ...')."""
+    text = str(e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln.split(":")[0]:
+            return ln
+    return lines[-1] if lines else type(e).__name__
+
+
+def ensure_healthy(cfg: ExperimentConfig, pool: Pool, *, ckpt_root: str | None, wait_s: float = 300.0) -> Pool:
+    """Wait until every rank answers a ping and is ready (a Ray restart restores the latest
+    checkpoint). A multi-rank pool with a restarted rank is rebuilt as a whole. Raises
+    PoolError when the pool cannot recover."""
+    deadline = time.monotonic() + wait_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            infos = pool.ping(deadline_s=max(1.0, deadline - time.monotonic()))
+            if all(i["ready"] for i in infos):
+                return pool
+            if pool.world_size > 1:  # a rank restarted alone cannot rejoin the process group
+                destroy_pool(pool)
+                return create_pool(cfg, pool.name, namespace=pool.namespace, ckpt_root=ckpt_root)
+        except PoolError as e:
+            last = e
+            if "is dead" in str(e) and "restarts" in str(e):
+                break
+        time.sleep(0.5)
+    raise PoolError(f"pool {pool.name!r} did not recover within {wait_s}s: {last}")
+
+
+def destroy_pool(pool: Pool) -> None:
+    for a in pool.actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:
+            pass
+    try:
+        remove_placement_group(get_placement_group(f"{pool.namespace}/{pool.name}"))
+    except ValueError:
+        pass
+
+
+def create_pools(cfg: ExperimentConfig, *, namespace: str, ckpt_root: str | None) -> dict[str, Pool]:
+    """Create every pool of the placement config. Returns {pool name: Pool}."""
+    return {name: create_pool(cfg, name, namespace=namespace, ckpt_root=ckpt_root) for name in cfg.placement.pools}
+
+
+def pool_for_role(cfg: ExperimentConfig, role: str) -> str:
+    for name, p in cfg.placement.pools.items():
+        if role in p.roles:
+            return name
+    raise PoolError(f"no pool has role {role!r}")
