@@ -1,0 +1,48 @@
+"""Rewards: rule rewards selected by ``data_source`` (gsm8k, math, countdown, arith), the
+format reward, custom reward functions (verl / TRL signatures), a crash-proof process-pool
+executor, and a sandbox for running model-written code.
+
+See docs/rewards.md. Nothing here imports torch.
+"""
+
+from hybridflow.rewards.executor import FAILURE_METRICS, RewardExecutor, RewardItem, RewardResults
+from hybridflow.rewards.extract import (
+    extract_answer_tags,
+    extract_boxed,
+    extract_hash_answer,
+    last_number,
+    parse_number,
+)
+from hybridflow.rewards.format import format_score, register_format_style
+from hybridflow.rewards.loader import RewardFunction, RewardLoadError, load_reward_function
+from hybridflow.rewards.procpool import RewardWorkerError
+from hybridflow.rewards.registry import (
+    UnknownDataSourceError,
+    default_compute_score,
+    get_reward,
+    register_reward,
+    reward_names,
+)
+
+__all__ = [
+    "default_compute_score",
+    "register_reward",
+    "get_reward",
+    "reward_names",
+    "UnknownDataSourceError",
+    "extract_boxed",
+    "extract_answer_tags",
+    "extract_hash_answer",
+    "last_number",
+    "parse_number",
+    "format_score",
+    "register_format_style",
+    "load_reward_function",
+    "RewardFunction",
+    "RewardLoadError",
+    "RewardExecutor",
+    "RewardItem",
+    "RewardResults",
+    "RewardWorkerError",
+    "FAILURE_METRICS",
+]
