@@ -1,8 +1,39 @@
 """RL algorithms: advantage estimators, policy/value losses, KL, loss aggregation.
 
-Pure torch; everything is selected by name through :mod:`hybridflow.algorithms.registry`.
+Pure torch; estimators and policy losses are selected by name through
+:mod:`hybridflow.algorithms.registry`. Importing this package registers every built-in
+(``hybridflow.config.BUILTIN_ADV_ESTIMATORS`` / ``BUILTIN_POLICY_LOSSES``; a test keeps the
+two in sync). User code adds one with a decorator::
+
+    from hybridflow.algorithms import register_advantage_estimator
+
+    @register_advantage_estimator("my_estimator")
+    def my_estimator(token_level_rewards, response_mask, *, uid=None, values=None,
+                     gamma=1.0, lam=1.0, **options): ...
+
+and selects it with ``algorithm.adv_estimator=my_estimator`` (module listed in
+``trainer.plugins``). See docs/algorithms.md.
 """
 
+from hybridflow.algorithms import advantages as _advantages  # noqa: F401  (registers estimators)
+from hybridflow.algorithms import policy_losses as _policy_losses  # noqa: F401  (registers losses)
+from hybridflow.algorithms import returns as _returns  # noqa: F401  (registers gae, reinforce_plus_plus)
+from hybridflow.algorithms.aggregation import (
+    LOSS_AGG_MODES,
+    MicroBatch,
+    accumulation_plan,
+    aggregate_loss,
+    loss_normalizer,
+)
+from hybridflow.algorithms.core import masked_mean, masked_sum, masked_var, masked_whiten
+from hybridflow.algorithms.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    kl_loss,
+    kl_penalty,
+    make_kl_controller,
+)
+from hybridflow.algorithms.logits import entropy_from_logits, log_probs_from_logits
 from hybridflow.algorithms.registry import (
     advantage_estimator_names,
     get_advantage_estimator,
@@ -11,6 +42,18 @@ from hybridflow.algorithms.registry import (
     register_advantage_estimator,
     register_policy_loss,
 )
+from hybridflow.algorithms.sequences import overlong_penalty, position_ids_from_mask, response_mask_from_ids
+from hybridflow.algorithms.value import value_loss
+
+_LAZY = {"compute_advantages", "filter_zero_variance_groups"}  # pipeline imports the Batch (tensordict)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from hybridflow.algorithms import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'hybridflow.algorithms' has no attribute {name!r}")
 
 __all__ = [
     "register_advantage_estimator",
@@ -19,4 +62,26 @@ __all__ = [
     "register_policy_loss",
     "get_policy_loss",
     "policy_loss_names",
+    "value_loss",
+    "kl_penalty",
+    "kl_loss",
+    "FixedKLController",
+    "AdaptiveKLController",
+    "make_kl_controller",
+    "LOSS_AGG_MODES",
+    "aggregate_loss",
+    "loss_normalizer",
+    "accumulation_plan",
+    "MicroBatch",
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "entropy_from_logits",
+    "log_probs_from_logits",
+    "position_ids_from_mask",
+    "response_mask_from_ids",
+    "overlong_penalty",
+    "compute_advantages",
+    "filter_zero_variance_groups",
 ]
