@@ -1,0 +1,126 @@
+"""workers/checkpoint.py: atomic step folders, the latest pointer, pickle-free state, RNG states."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from workers import checkpoint as C
+
+
+def _write_step(root, step, payload: str, state: dict) -> str:
+    tmp = C.begin_save(root, step)
+    (C.Path(tmp) / "policy").mkdir()
+    (C.Path(tmp) / "policy" / "weights.txt").write_text(payload)
+    return C.finalize_checkpoint(root, step, state)
+
+
+def test_commit_moves_folder_and_points_latest(tmp_path):
+    path = _write_step(tmp_path, 7, "w7", {"iteration": 7})
+    assert path == str(tmp_path / "step_000007")
+    assert (tmp_path / "latest").read_text() == "step_000007"
+    assert not (tmp_path / "step_000007.tmp").exists()
+    assert C.load_latest(tmp_path) == path
+    assert C.read_trainer_state(path) == {"iteration": 7}
+
+
+@pytest.mark.parametrize("fail_at_call", [1, 2])  # 1: moving the folder into place, 2: swapping `latest`
+def test_interrupted_commit_leaves_previous_checkpoint(tmp_path, monkeypatch, fail_at_call):
+    good = _write_step(tmp_path, 3, "w3", {"iteration": 3})
+    tmp = C.begin_save(tmp_path, 4)
+    (C.Path(tmp) / "policy").mkdir()
+    real_replace, calls = C.os.replace, []
+
+    def failing_replace(src, dst):
+        calls.append(dst)
+        if len(calls) == fail_at_call:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(C.os, "replace", failing_replace)
+    with pytest.raises(C.CheckpointError, match="No space left"):
+        C.finalize_checkpoint(tmp_path, 4, {"iteration": 4})
+    monkeypatch.undo()
+    assert (tmp_path / "latest").read_text() == "step_000003"
+    assert C.load_latest(tmp_path) == good
+    assert (C.Path(good) / "policy" / "weights.txt").read_text() == "w3"
+    # the next attempt at step 4 starts from an empty staging folder
+    tmp = C.begin_save(tmp_path, 4)
+    assert list(C.Path(tmp).iterdir()) == []
+
+
+def test_trainer_state_that_is_not_json_is_a_clear_error(tmp_path):
+    C.begin_save(tmp_path, 1)
+    with pytest.raises(C.CheckpointError, match="step_000001"):
+        C.finalize_checkpoint(tmp_path, 1, {"bad": object()})
+    assert C.load_latest(tmp_path) is None
+
+
+def test_unwritable_root_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(C.CheckpointError, match="cannot create checkpoint folder"):
+        C.begin_save(blocker / "ckpt", 1)
+
+
+def test_exception_while_workers_write_keeps_latest(tmp_path):
+    good = _write_step(tmp_path, 1, "w1", {"iteration": 1})
+
+    def crashing_save() -> None:
+        tmp = C.begin_save(tmp_path, 2)
+        (C.Path(tmp) / "policy").mkdir()
+        raise KeyboardInterrupt("killed mid-save")
+
+    with pytest.raises(KeyboardInterrupt):
+        crashing_save()
+    assert C.load_latest(tmp_path) == good
+
+
+def test_load_latest_falls_back_to_newest_complete_step(tmp_path):
+    assert C.load_latest(tmp_path / "missing") is None
+    assert C.load_latest(tmp_path) is None
+    _write_step(tmp_path, 1, "a", {"i": 1})
+    _write_step(tmp_path, 2, "b", {"i": 2})
+    (tmp_path / "latest").unlink()
+    (tmp_path / "step_000009").mkdir()  # incomplete: no trainer_state.json
+    assert C.load_latest(tmp_path) == str(tmp_path / "step_000002")
+
+
+def test_resave_same_step_replaces_it(tmp_path):
+    _write_step(tmp_path, 5, "first", {"i": 1})
+    path = _write_step(tmp_path, 5, "second", {"i": 2})
+    assert (C.Path(path) / "policy" / "weights.txt").read_text() == "second"
+    assert C.read_trainer_state(path) == {"i": 2}
+
+
+def test_save_state_round_trip_is_bit_exact_without_pickle(tmp_path):
+    obj = {
+        "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(2, 3)}, 1: {"step": torch.tensor(3.0)}},
+        "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": [0, 1], "fused": None}],
+        "steps_applied": 3,
+    }
+    C.save_state(obj, tmp_path / "optim" / "rank_0")
+    doc = json.loads((tmp_path / "optim" / "rank_0.json").read_text())  # plain JSON structure
+    assert "__dict__" in doc
+    back = C.load_state(tmp_path / "optim" / "rank_0")
+    assert set(back["state"]) == {0, 1}  # int keys survive
+    assert torch.equal(back["state"][0]["exp_avg"], obj["state"][0]["exp_avg"])
+    assert back["param_groups"][0]["betas"] == (0.9, 0.999)
+    assert back["steps_applied"] == 3
+
+
+def test_save_state_rejects_non_storable_values(tmp_path):
+    with pytest.raises(TypeError, match="not storable"):
+        C.save_state({"x": object()}, tmp_path / "s")
+
+
+def test_rng_state_round_trip(tmp_path):
+    state = C.capture_rng_state()
+    json.dumps(state)  # JSON-serialisable
+    expected = (torch.rand(3), random.random())
+    C.restore_rng_state(json.loads(json.dumps(state)))
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1]

@@ -1,0 +1,280 @@
+"""Checkpoint layout, atomic commit and pickle-free state files.
+
+A checkpoint is one step folder under the run's checkpoint root::
+
+    <ckpt_root>/step_000007/
+        policy/                      HF format (safetensors + config + tokenizer), loadable as is
+        policy_optim/rank_0.safetensors + rank_0.json   optimizer state + worker state, per rank
+        critic/, critic_optim/       when a critic is trained
+        trainer_state.json           caller's dict: weights_version per role, RNG, sampler, iteration
+    <ckpt_root>/latest               text file holding "step_000007"
+
+Saving is two-phase so several workers (possibly in several processes) can write one step:
+
+1. ``tmp = begin_save(root, step)`` — a fresh ``step_000007.tmp/`` folder (a leftover from an
+   interrupted save is removed);
+2. workers write into ``tmp`` (``PolicyWorker.save_checkpoint(tmp)``, ...);
+3. ``commit_save(root, step, trainer_state)`` writes ``trainer_state.json``, renames the
+   folder to ``step_000007/`` and replaces ``latest`` atomically (tmp file + ``os.replace``).
+
+A crash before step 3 finishes leaves the previous checkpoint and ``latest`` untouched.
+Nothing is ever read with pickle: tensors are safetensors, everything else is JSON
+(:func:`save_state` / :func:`load_state` flatten nested dicts/lists of tensors). Local
+filesystem paths only (atomic rename is what makes the commit safe).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STEP_PREFIX = "step_"
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read (names the path and the cause)."""
+
+
+def step_name(step: int) -> str:
+    """``step_000007`` for step 7."""
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    return f"{STEP_PREFIX}{step:06d}"
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def step_dir(ckpt_root: str | os.PathLike, step: int) -> str:
+    """The staging folder workers write step ``step`` into (``<root>/step_000007.tmp``); it becomes
+    ``<root>/step_000007`` at :func:`finalize_checkpoint`. Pure path arithmetic: use
+    :func:`begin_save` to (re)create it empty first."""
+    return str(Path(ckpt_root) / f"{step_name(step)}.tmp")
+
+
+def final_step_dir(ckpt_root: str | os.PathLike, step: int) -> str:
+    """Where step ``step`` lives once committed (``<root>/step_000007``)."""
+    return str(Path(ckpt_root) / step_name(step))
+
+
+def begin_save(ckpt_root: str | os.PathLike, step: int) -> str:
+    """Create (fresh) the staging folder workers write step ``step`` into; returns its path
+    (= :func:`step_dir`). A leftover of an interrupted save of the same step is removed.
+
+    Raises CheckpointError when the root cannot be created or written (e.g. read-only, disk full).
+    """
+    root = Path(ckpt_root)
+    tmp = Path(step_dir(root, step))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as e:
+        raise CheckpointError(f"cannot create checkpoint folder {tmp}: {e}") from e
+    return str(tmp)
+
+
+def commit_save(ckpt_root: str | os.PathLike, step: int, trainer_state: dict[str, Any]) -> str:
+    """Write ``trainer_state.json``, move the temp folder into place, point ``latest`` at it.
+
+    trainer_state: JSON-serialisable dict (use :func:`capture_rng_state` for RNG states).
+    Returns the final step folder path. Re-saving an existing step replaces it.
+    Raises CheckpointError if :func:`begin_save` was not called or a write fails; the previous
+    checkpoint and ``latest`` stay valid in that case.
+    """
+    root = Path(ckpt_root)
+    name = step_name(step)
+    tmp, final = root / f"{name}.tmp", root / name
+    if not tmp.is_dir():
+        raise CheckpointError(f"commit_save: {tmp} does not exist (call begin_save first)")
+    try:
+        payload = json.dumps(trainer_state, indent=1, sort_keys=True).encode()
+        _fsync_write(tmp / TRAINER_STATE, payload)
+        if final.exists():
+            old = root / f"{name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        latest_tmp = root / f"{LATEST}.tmp"
+        _fsync_write(latest_tmp, name.encode())
+        os.replace(latest_tmp, root / LATEST)
+    except (OSError, TypeError, ValueError) as e:
+        raise CheckpointError(f"cannot commit checkpoint {final}: {e}") from e
+    return str(final)
+
+
+finalize_checkpoint = commit_save  # the name tasks/checkpoint.py uses
+
+
+def _is_complete(path: Path) -> bool:
+    return path.is_dir() and (path / TRAINER_STATE).is_file()
+
+
+def load_latest(ckpt_root: str | os.PathLike) -> str | None:
+    """Path of the newest complete checkpoint, or None when there is none.
+
+    Follows ``latest``; if it is missing or points at a folder that is not complete (no
+    ``trainer_state.json``), falls back to the highest complete ``step_*`` folder.
+    """
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return None
+    pointer = root / LATEST
+    if pointer.is_file():
+        target = root / pointer.read_text().strip()
+        if _is_complete(target):
+            return str(target)
+    steps = sorted(
+        p for p in root.iterdir() if p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX) :].isdigit()
+    )
+    complete = [p for p in steps if _is_complete(p)]
+    return str(complete[-1]) if complete else None
+
+
+def read_trainer_state(step_dir: str | os.PathLike) -> dict[str, Any]:
+    """The dict passed to :func:`commit_save`. Raises CheckpointError if missing or not JSON."""
+    path = Path(step_dir) / TRAINER_STATE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+
+
+# ---- pickle-free nested state ------------------------------------------------------------------
+
+
+def _flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        key = f"{len(tensors)}:{prefix}"  # the index keeps keys unique whatever the dict keys hold
+        tensors[key] = obj.detach().cpu().contiguous().clone()
+        return {"__tensor__": key}
+    if isinstance(obj, dict):
+        items = [[k, _flatten(v, tensors, f"{prefix}/{k}")] for k, v in obj.items()]
+        for k, _ in items:
+            if not isinstance(k, str | int):
+                raise TypeError(f"save_state: dict key {k!r} at {prefix or '/'} is not str or int")
+        return {"__dict__": items}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(f"save_state: value of type {type(obj).__name__} at {prefix or '/'} is not storable")
+
+
+def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__tuple__" in obj:
+            return tuple(_unflatten(v, tensors) for v in obj["__tuple__"])
+        return {k: _unflatten(v, tensors) for k, v in obj["__dict__"]}
+    return obj
+
+
+def save_state(obj: Any, prefix: str | os.PathLike) -> None:
+    """Write nested dicts/lists/tuples of tensors and JSON scalars to ``prefix.safetensors`` +
+    ``prefix.json`` (no pickle). Dict keys must be str or int (int keys survive the round trip).
+
+    Raises TypeError for values that are neither tensors nor JSON scalars.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    structure = _flatten(obj, tensors, "")
+    prefix = Path(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, f"{prefix}.safetensors")
+    _fsync_write(Path(f"{prefix}.json"), json.dumps(structure).encode())
+
+
+def load_state(prefix: str | os.PathLike) -> Any:
+    """Inverse of :func:`save_state`. Raises CheckpointError when a file is missing or corrupt."""
+    try:
+        tensors = load_file(f"{prefix}.safetensors")
+        structure = json.loads(Path(f"{prefix}.json").read_text())
+        return _unflatten(structure, tensors)
+    except (OSError, json.JSONDecodeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"cannot load state {prefix}: {e}") from e
+
+
+# ---- RNG states as JSON ------------------------------------------------------------------------
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _from_b64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """torch (CPU, and every CUDA device if initialised) as base64, Python ``random`` as lists,
+    numpy's global MT19937 as lists (only when numpy is importable)."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": _b64(torch.get_rng_state()),
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    try:
+        import numpy as np
+    except ImportError:
+        return state
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached_gaussian": float(cached)}
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state` (parts that are absent are left alone)."""
+    torch.set_rng_state(_from_b64(state["torch"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_from_b64(s) for s in state["cuda"]])
+    if "numpy" in state:
+        import numpy as np
+
+        n = state["numpy"]
+        keys = np.asarray(n["keys"], dtype=np.uint32)
+        np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+
+
+__all__ = [
+    "CheckpointError",
+    "step_name",
+    "step_dir",
+    "final_step_dir",
+    "begin_save",
+    "commit_save",
+    "finalize_checkpoint",
+    "load_latest",
+    "read_trainer_state",
+    "save_state",
+    "load_state",
+    "capture_rng_state",
+    "restore_rng_state",
+]

@@ -1,0 +1,319 @@
+"""The optimisation loop shared by the policy and the critic, and exactly-once versioning.
+
+:class:`Optimization` owns one model's AdamW optimizer, LR schedule and step counter and runs
+one update over a batch: ``epochs`` passes × mini-batches (one optimizer step each) ×
+micro-batches (gradient accumulation). Every micro-batch loss is divided by the normaliser
+of the WHOLE mini-batch summed over data-parallel ranks (then divided by world size, as
+DDP/FSDP average gradients) — :func:`hybridflow.algorithms.aggregation.accumulation_plan` —
+so the accumulated gradient equals the full mini-batch gradient whatever the micro-batch
+size or the number of ranks.
+
+Data parallel: each rank holds its part of the step's trajectories; the number of
+mini-batches is global (``ceil(global rows / mini_batch_trajectories)``), each rank splits
+its rows into that many near-equal consecutive chunks, and all ranks run the same number of
+forward/backward passes per mini-batch (a rank with fewer micro-batches runs zero-weighted
+extra passes) so DDP/FSDP collectives stay in step.
+
+Numerical faults: when any rank's micro-batch loss or the global gradient norm is NaN/inf,
+that optimizer step is skipped (gradients dropped, weights and optimizer state untouched)
+and counted in ``<prefix>/bad_updates``; ``<prefix>/update_skipped`` is 1 when no step of
+the update was applied.
+
+:class:`VersionedUpdates` is the exactly-once contract of ``update_policy`` /
+``update_critic`` (DESIGN.md, "Exactly-once update").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from hybridflow.algorithms.aggregation import MicroBatch, accumulation_plan
+from hybridflow.batch import Batch
+from workers import distributed as D
+
+
+class VersionMismatchError(RuntimeError):
+    """An update was requested at a weights_version the worker is not at."""
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """AdamW (β = 0.9, 0.999; ε = 1e-8) with linear warm-up and a constant or cosine LR.
+
+    total_steps: optimizer steps the cosine schedule spans (ignored for constant).
+    """
+
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    schedule: Literal["constant", "cosine"]
+    total_steps: int
+    max_grad_norm: float
+
+
+def lr_at(step: int, s: OptimSettings) -> float:
+    """LR of the optimizer step that follows ``step`` applied steps.
+
+    Warm-up: lr·(step+1)/warmup_steps for step < warmup_steps (the first step already moves,
+    unlike HF's schedule which starts at 0). Then constant lr, or cosine
+    lr·½(1 + cos(π·p)) with p = (step − warmup)/(total − warmup) clamped to [0, 1].
+    Example: lr 1e-6, warmup 4 → steps 0..3 use 2.5e-7, 5e-7, 7.5e-7, 1e-6.
+    """
+    if step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    if s.schedule == "constant":
+        return s.lr
+    span = max(1, s.total_steps - s.warmup_steps)
+    progress = min(1.0, max(0.0, (step - s.warmup_steps) / span))
+    return s.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass
+class MicroResult:
+    """What a loss function returns for one micro-batch.
+
+    loss: 0-d tensor to backpropagate (already divided by the global normaliser).
+    loss_terms: contributions that SUM over the micro-batches of a mini-batch to the
+    mini-batch value (e.g. ``pg_loss``, ``kl_loss``, ``entropy`` aggregated with the plan).
+    averages: per-micro-batch statistics that are AVERAGED over micro-batches (e.g. clip fractions).
+    """
+
+    loss: Tensor
+    loss_terms: dict[str, float] = field(default_factory=dict)
+    averages: dict[str, float] = field(default_factory=dict)
+
+
+LossFn = Callable[[nn.Module, Batch, MicroBatch], MicroResult]
+
+
+@dataclass
+class _Tally:
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+
+    def add(self, values: dict[str, float], weight: float = 1.0) -> None:
+        for k, v in values.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+            self.counts[k] = self.counts.get(k, 0.0) + weight
+
+
+class Optimization:
+    """One trained model's optimizer, LR schedule and update loop.
+
+    model: the wrapped training module (plain, DDP or FSDP2); its parameters with
+    ``requires_grad`` are optimised (LoRA: only the adapters).
+    """
+
+    def __init__(self, model: nn.Module, settings: OptimSettings, *, world_size: int = 1, prefix: str = "actor"):
+        self.model = model
+        self.settings = settings
+        self.world_size = world_size
+        self.prefix = prefix
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError(f"{prefix}: the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=settings.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=settings.weight_decay
+        )
+        self.steps_applied = 0
+
+    # ---- the update ------------------------------------------------------------------------
+    def update(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        *,
+        mini_batch_trajectories: int,
+        micro_batch_trajectories: int,
+        epochs: int,
+        loss_agg_mode: str,
+        max_response_tokens: int | None,
+        shuffle_seed: int | None = None,
+    ) -> dict[str, float]:
+        """Run ``epochs`` × mini-batch steps over this rank's ``batch``; returns metrics reduced
+        over ranks (``<prefix>/...``). ``shuffle_seed``: permute rows each epoch (None = keep order).
+
+        Every rank must call it (collective). Raises ValueError on an empty batch.
+        """
+        if len(batch) == 0:
+            raise ValueError(f"{self.prefix}: update on an empty batch")
+        start = time.perf_counter()
+        global_rows = int(D.all_reduce_sum(torch.tensor([len(batch)], dtype=torch.float64)).item())
+        n_mini = max(1, math.ceil(global_rows / mini_batch_trajectories))
+        tally, terms, steps, bad, norms = _Tally(), _Tally(), 0, 0, []
+        for epoch in range(epochs):
+            order = torch.arange(len(batch))
+            if shuffle_seed is not None:
+                gen = torch.Generator().manual_seed(shuffle_seed * 1000 + epoch)
+                order = torch.randperm(len(batch), generator=gen)
+            for rows in order.tensor_split(n_mini):
+                ok, norm = self._step(batch, rows, loss_fn, micro_batch_trajectories, loss_agg_mode,
+                                      max_response_tokens, tally, terms)
+                steps += 1
+                bad += 0 if ok else 1
+                if ok:
+                    norms.append(norm)
+        p = self.prefix
+        out = {f"{p}/{k}": v / steps for k, v in terms.sums.items()}  # mean over steps of per-step sums
+        out[f"{p}/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+        out = D.all_reduce_mean(out)
+        out.update(_global_means(tally, p))
+        out[f"{p}/lr"] = lr_at(max(0, self.steps_applied - 1), self.settings)
+        out[f"{p}/bad_updates"] = float(bad)
+        out[f"{p}/optimizer_steps"] = float(steps - bad)
+        out[f"{p}/update_skipped"] = float(bad == steps)
+        out[f"timing_s/update_{p}"] = time.perf_counter() - start
+        return out
+
+    def _step(
+        self,
+        batch: Batch,
+        rows: Tensor,
+        loss_fn: LossFn,
+        micro: int,
+        loss_agg_mode: str,
+        max_response_tokens: int | None,
+        tally: _Tally,
+        terms: _Tally,
+    ) -> tuple[bool, float]:
+        """One optimizer step on the mini-batch ``batch[rows]``; returns (applied, grad norm)."""
+        mini = batch.index(rows)
+        plan = accumulation_plan(
+            mini["response_mask"],
+            micro,
+            loss_agg_mode,
+            max_response_tokens=max_response_tokens,
+            sum_across_ranks=lambda x: float(D.all_reduce_sum(torch.tensor([x], dtype=torch.float64)).item()),
+            world_size=self.world_size,
+        )
+        n_micro = int(D.all_reduce_max(torch.tensor([len(plan)], dtype=torch.float64)).item())
+        self.optimizer.zero_grad(set_to_none=True)
+        finite = True
+        for k in range(n_micro):
+            with D.no_sync(self.model, enabled=k < n_micro - 1):
+                if k < len(plan):
+                    res = loss_fn(self.model, mini.index(range(plan[k].rows.start, plan[k].rows.stop)), plan[k])
+                    finite &= bool(torch.isfinite(res.loss.detach()).item())
+                    tally.add(res.averages)
+                    terms.add(res.loss_terms)
+                    res.loss.backward()
+                else:  # keep collectives in step with ranks that have more micro-batches
+                    dummy = batch.index([0])
+                    res = loss_fn(self.model, dummy, MicroBatch(slice(0, 1), loss_agg_mode, 1.0, max_response_tokens))
+                    (res.loss * 0.0).backward()
+        all_finite = D.all_reduce_max(torch.tensor([0.0 if finite else 1.0])).item() == 0.0
+        norm = D.clip_grad_norm(self.params, self.settings.max_grad_norm)
+        if not (all_finite and math.isfinite(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            return False, norm
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.steps_applied, self.settings)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps_applied += 1
+        return True, norm
+
+    # ---- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state (this rank's shards under FSDP2, as local tensors) + step counter."""
+        sd = self.optimizer.state_dict()
+        state = {
+            idx: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in s.items()}
+            for idx, s in sd["state"].items()
+        }
+        return {"optimizer": {"state": state, "param_groups": sd["param_groups"]}, "steps_applied": self.steps_applied}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` on an identically built (and sharded) model."""
+        state = {}
+        for idx, s in sd["optimizer"]["state"].items():
+            param = self.params[int(idx)]
+            state[int(idx)] = {k: _like_param(v, param) for k, v in s.items()}
+        self.optimizer.load_state_dict({"state": state, "param_groups": sd["optimizer"]["param_groups"]})
+        self.steps_applied = int(sd["steps_applied"])
+
+
+def _like_param(value: Any, param: Tensor) -> Any:
+    """Re-wrap a saved local shard as a DTensor like ``param`` (FSDP2); other values as they are."""
+    if not isinstance(value, Tensor) or value.dim() == 0 or not hasattr(param, "device_mesh"):
+        return value
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(value.to(param.device), param.device_mesh, param.placements,
+                              shape=param.shape, stride=param.stride())
+
+
+def _global_means(tally: _Tally, prefix: str) -> dict[str, float]:
+    """Mean of each averaged statistic over all micro-batches of all ranks."""
+    keys = sorted(tally.sums)
+    both = {f"s/{k}": tally.sums[k] for k in keys} | {f"c/{k}": tally.counts[k] for k in keys}
+    world = D.dist.get_world_size() if D.is_distributed() else 1
+    reduced = {k: v * world for k, v in D.all_reduce_mean(both).items()}  # sums over ranks
+    return {f"{prefix}/{k}": reduced[f"s/{k}"] / max(reduced[f"c/{k}"], 1.0) for k in keys}
+
+
+# ---- exactly-once ------------------------------------------------------------------------------
+
+
+@dataclass
+class VersionedUpdates:
+    """Exactly-once bookkeeping of one trained role.
+
+    ``run(expected_version, batch_id, fn)``: at ``weights_version == expected_version`` calls
+    ``fn()`` (the update) and, unless its metrics report ``<prefix>/update_skipped`` = 1, bumps
+    the version and records (batch_id, metrics). At ``expected_version + 1`` with the recorded
+    batch_id, returns the recorded metrics without applying anything. Anything else raises
+    :class:`VersionMismatchError` naming both versions.
+    """
+
+    role: str
+    prefix: str
+    weights_version: int = 0
+    last_batch_id: str | None = None
+    last_metrics: dict[str, float] | None = None
+
+    def run(self, expected_version: int, batch_id: str, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
+        if expected_version == self.weights_version:
+            metrics = fn()
+            if not metrics.get(f"{self.prefix}/update_skipped", 0.0):
+                self.weights_version += 1
+                self.last_batch_id, self.last_metrics = batch_id, dict(metrics)
+            return metrics | {f"{self.prefix}/weights_version": float(self.weights_version)}
+        if expected_version + 1 == self.weights_version and batch_id == self.last_batch_id:
+            assert self.last_metrics is not None
+            return dict(self.last_metrics) | {f"{self.prefix}/weights_version": float(self.weights_version)}
+        detail = (
+            f"a different batch ({batch_id!r}) than the last applied one ({self.last_batch_id!r})"
+            if expected_version + 1 == self.weights_version
+            else "no update to apply or replay"
+        )
+        raise VersionMismatchError(
+            f"{self.role} update expected weights_version {expected_version} but the worker is at "
+            f"{self.weights_version}: {detail}"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"weights_version": self.weights_version, "last_batch_id": self.last_batch_id,
+                "last_metrics": self.last_metrics}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.weights_version = int(sd["weights_version"])
+        self.last_batch_id = sd["last_batch_id"]
+        self.last_metrics = sd["last_metrics"]
+
+
+__all__ = [
+    "VersionMismatchError",
+    "OptimSettings",
+    "lr_at",
+    "MicroResult",
+    "Optimization",
+    "VersionedUpdates",
+]
