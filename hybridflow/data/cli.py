@@ -1,0 +1,61 @@
+"""``hybridflow data``: write verl-format datasets (parquet or jsonl, by the --out suffix).
+
+    hybridflow data gsm8k train.jsonl --out data/gsm8k_train.parquet [--split train] [--limit N]
+    hybridflow data arith --out data/arith.parquet --n 1000 --difficulty 1 --seed 0
+    hybridflow data countdown --out data/countdown.parquet --n 1000 --seed 0 [--min-numbers 3 ...]
+
+No heavy imports at module top (``hybridflow --help`` imports this module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="task", required=True, metavar="TASK")
+    g = sub.add_parser("gsm8k", help="convert the public GSM8K jsonl (question / answer with '#### N')")
+    g.add_argument("input", help="GSM8K jsonl file (e.g. train.jsonl from openai/grade-school-math)")
+    g.add_argument("--split", default="train", help="split name recorded in extra_info (default: train)")
+    g.add_argument("--limit", type=int, default=None, help="keep only the first N problems")
+    a = sub.add_parser("arith", help="generated arithmetic problems with a difficulty knob")
+    a.add_argument("--n", type=int, default=1000, help="number of problems (default: 1000)")
+    a.add_argument("--difficulty", type=int, default=1, help="0 (7 + 5) .. 5 (three-step word problems); default 1")
+    a.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    c = sub.add_parser("countdown", help="TinyZero's Countdown: reach a target with + - * /")
+    c.add_argument("--n", type=int, default=1000, help="number of problems (default: 1000)")
+    c.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    c.add_argument("--min-numbers", type=int, default=3, help="fewest given numbers (default: 3)")
+    c.add_argument("--max-numbers", type=int, default=4, help="most given numbers (default: 4)")
+    c.add_argument("--max-number", type=int, default=99, help="largest given number (default: 99)")
+    c.add_argument("--max-target", type=int, default=100, help="largest target (default: 100)")
+    for p in (g, a, c):
+        p.add_argument("--out", "-o", required=True, help="output file: .parquet or .jsonl (any fsspec URI)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hybridflow.data.io import DataFileError, write_rows
+    from hybridflow.data.tasks import gsm8k_rows, make_arith, make_countdown
+
+    if not args.out.endswith((".parquet", ".jsonl")):
+        print(f"error: --out {args.out!r} must end in .parquet or .jsonl", file=sys.stderr)
+        return 2
+    try:
+        if args.task == "gsm8k":
+            rows = gsm8k_rows(args.input, split=args.split)
+            rows = rows[: args.limit] if args.limit is not None else rows
+        elif args.task == "arith":
+            rows = make_arith(args.n, difficulty=args.difficulty, seed=args.seed)
+        else:
+            rows = make_countdown(args.n, seed=args.seed, min_numbers=args.min_numbers, max_numbers=args.max_numbers,
+                                  max_number=args.max_number, max_target=args.max_target)  # fmt: skip
+        write_rows(rows, args.out)
+    except (ValueError, FileNotFoundError, DataFileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(rows)} {args.task} rows to {args.out}")
+    if rows:
+        print(f"first prompt: {rows[0]['prompt'][0]['content']}")
+        print(f"ground truth: {rows[0]['reward_model']['ground_truth']}")
+    return 0
