@@ -1,0 +1,204 @@
+"""The rollout-engine protocol: what every generation backend (hf, vllm) takes and returns.
+
+Rows are trajectories, prompt-major: prompt i's ``n`` samples are rows ``i*n .. i*n+n-1``,
+the order of ``Batch.repeat_interleave(n)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from hybridflow.algorithms.sequences import response_mask_from_ids
+
+FinishReason = Literal["stop", "length"]
+NamedTensors = Iterable[tuple[str, Tensor]] | Mapping[str, Tensor]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. temperature 0 = greedy (top_p / top_k ignored).
+
+    top_k ≤ 0 and top_p = 1 disable those filters. stop_token_ids: a response ends at the
+    first of them (included in the response); callers pass the tokenizer's EOS here
+    (:func:`sampling_params_from_config` does). n: samples per prompt. seed: the same seed,
+    prompts and weights give the same samples; None draws a seed from torch's global RNG.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.n < 1:
+            raise ValueError(f"n must be ≥ 1, got {self.n}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The T of the reported log-probs, log softmax(logits / T): the sampling temperature, 1 when greedy."""
+        return 1.0 if self.greedy else self.temperature
+
+
+@dataclass
+class RolloutOutput:
+    """What an engine returns for B prompts × n samples (rows prompt-major).
+
+    response_ids: [B*n, R] int64, right padded with the pad id.
+    response_mask: [B*n, R] bool, True up to and including the first stop token.
+    rollout_log_probs: [B*n, R] float32 nats, log softmax(logits / T)[token] of the full
+      (unfiltered) distribution at the sampling temperature (T = 1 for greedy); 0 outside the mask.
+    finish_reason: B*n of "stop" (a stop token ended it) | "length" (max_new_tokens reached).
+    """
+
+    response_ids: Tensor
+    response_mask: Tensor
+    rollout_log_probs: Tensor
+    finish_reason: list[FinishReason] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.response_ids.shape)
+        checks = {
+            "response_ids": (self.response_ids, torch.int64),
+            "response_mask": (self.response_mask, torch.bool),
+            "rollout_log_probs": (self.rollout_log_probs, torch.float32),
+        }
+        for name, (t, dtype) in checks.items():
+            if t.dim() != 2 or tuple(t.shape) != shape or t.dtype != dtype:
+                raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype}; expected {shape} {dtype}")
+        if len(self.finish_reason) != shape[0]:
+            raise ValueError(f"finish_reason has {len(self.finish_reason)} entries for {shape[0]} rows")
+
+    def __len__(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The batch-contract tensors (``Batch.from_dict(out.tensors(), {"finish_reason": ...})``)."""
+        return {
+            "response_ids": self.response_ids,
+            "response_mask": self.response_mask,
+            "rollout_log_probs": self.rollout_log_probs,
+        }
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A generation backend. ``generate`` takes left-padded prompts; weights come in by ``load_weights``."""
+
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> RolloutOutput:
+        """prompt_ids [B, P] int64 left padded, prompt_mask [B, P] bool → B*n trajectories."""
+        ...
+
+    def load_weights(self, named_tensors: NamedTensors) -> None:
+        """Make the engine generate with these weights (plain HF parameter names)."""
+        ...
+
+    def sleep(self) -> None:
+        """Free generation memory between rollouts (colocated engines); a no-op where there is none."""
+        ...
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` before the next ``generate`` / ``load_weights``."""
+        ...
+
+
+# ---- registry --------------------------------------------------------------------------------
+E = TypeVar("E")
+_ENGINES: dict[str, Callable[..., Any]] = {}
+
+
+def register_rollout_engine(name: str) -> Callable[[E], E]:
+    """Decorator: make a class selectable as ``rollout.engine=name``.
+
+    The class provides ``from_config(*, model, tokenizer, model_cfg, rollout_cfg, device)``.
+    Registering a taken name raises ValueError.
+    """
+
+    def deco(cls: E) -> E:
+        if name in _ENGINES:
+            raise ValueError(f"rollout engine {name!r} is already registered (by {_ENGINES[name].__module__})")
+        _ENGINES[name] = cls  # type: ignore[assignment]
+        return cls
+
+    return deco
+
+
+def get_rollout_engine(name: str) -> Callable[..., Any]:
+    """The engine class registered as ``name``; KeyError lists the known names."""
+    _import_builtins()
+    try:
+        return _ENGINES[name]
+    except KeyError:
+        raise KeyError(f"unknown rollout engine {name!r}; known: {', '.join(sorted(_ENGINES))}") from None
+
+
+def rollout_engine_names() -> list[str]:
+    _import_builtins()
+    return sorted(_ENGINES)
+
+
+def _import_builtins() -> None:
+    import workers.rollout.hf  # noqa: F401  (registers "hf")
+    import workers.rollout.vllm  # noqa: F401  (registers "vllm"; vllm itself is imported lazily)
+
+
+# ---- helpers shared by engines ------------------------------------------------------------------
+def sampling_params_from_config(
+    rollout_cfg: Any, stop_token_ids: Sequence[int], *, validation: bool = False, seed: int | None = None
+) -> SamplingParams:
+    """SamplingParams from a ``RolloutConfig``: training (temperature, n = samples_per_prompt)
+    or validation (val_temperature, val_samples_per_prompt). stop ids = ``stop_token_ids``
+    (pass :func:`hybridflow.models.tokenizer_stop_ids`) + ``rollout_cfg.stop_token_ids``.
+    """
+    stops = tuple(dict.fromkeys([*stop_token_ids, *rollout_cfg.stop_token_ids]))
+    return SamplingParams(
+        max_new_tokens=rollout_cfg.max_response_tokens,
+        temperature=rollout_cfg.val_temperature if validation else rollout_cfg.temperature,
+        top_p=rollout_cfg.top_p,
+        top_k=rollout_cfg.top_k,
+        stop_token_ids=stops,
+        n=rollout_cfg.val_samples_per_prompt if validation else rollout_cfg.samples_per_prompt,
+        seed=seed,
+    )
+
+
+def finalize_responses(
+    response_ids: Tensor, log_probs: Tensor, stop_token_ids: Sequence[int], pad_token_id: int
+) -> RolloutOutput:
+    """Mask, pad and label raw engine output.
+
+    response_ids [N, R] int64 (tokens after the first stop are ignored), log_probs [N, R]
+    float32. Positions after the first stop token become ``pad_token_id`` with log-prob 0;
+    finish_reason is "stop" where a stop token occurs, else "length".
+    """
+    mask = response_mask_from_ids(response_ids, stop_token_ids)
+    stopped = torch.isin(response_ids, torch.as_tensor(list(stop_token_ids), dtype=torch.int64)).any(-1)
+    ids = response_ids.masked_fill(~mask, pad_token_id)
+    lp = log_probs.float().masked_fill(~mask, 0.0)
+    reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped.tolist()]
+    return RolloutOutput(ids, mask, lp, reasons)
+
+
+def right_pad(rows: Sequence[Tensor], value: float | int, width: int | None = None) -> Tensor:
+    """Stack 2-D blocks [n_i, R_i] into [Σn_i, max R_i] (or ``width``), padding on the right."""
+    width = max(r.shape[1] for r in rows) if width is None else width
+    out = [torch.nn.functional.pad(r, (0, width - r.shape[1]), value=value) for r in rows]
+    return torch.cat(out, 0)

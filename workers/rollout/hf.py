@@ -1,0 +1,228 @@
+"""The transformers rollout engine: ``model.generate`` with KV cache, batched with left padding.
+
+Sampling happens inside one logits processor, so every step costs what plain ``generate``
+costs plus a log-softmax:
+
+* it records log softmax(logits / T) of the *full* distribution (before top-k / top-p) and
+  gathers the chosen token's value one step later — the same quantity the trainer recomputes
+  (``hybridflow.algorithms.log_probs_from_logits(logits, ids, temperature=T)``); greedy uses T = 1;
+* it applies temperature, top-k, top-p and then picks the token by inverse-CDF sampling with
+  uniforms drawn up front from a ``torch.Generator(seed)`` — row r of the call uses row r of that
+  table, so results depend only on (seed, prompts, weights), not on how rows are chunked into
+  ``generation_batch_trajectories``, and the global RNG is untouched. It returns a one-hot
+  score row, so ``generate`` runs in greedy mode (``do_sample=False``) and takes that token.
+
+``generate`` runs with a clean GenerationConfig (the model's own generation_config, which
+may ask for sampling or penalties, is swapped out for the call) and positions come from the
+attention mask, so left padding does not change a sequence's tokens or log-probs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from workers.rollout.base import (
+    NamedTensors,
+    RolloutOutput,
+    SamplingParams,
+    finalize_responses,
+    register_rollout_engine,
+    right_pad,
+)
+
+
+def top_k_top_p_filter(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Set logits outside the top-k, then outside the top-p nucleus, to -inf (keeps ≥ 1 token).
+
+    scaled: [B, V] float logits already divided by T. top_k ≤ 0 / top_p = 1 disable a filter.
+    Semantics of HF's TopK/TopPLogitsWarper and vLLM's sampler (Holtzman et al. 2019).
+    """
+    vocab = scaled.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=False)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - top_p
+        drop[:, -1] = False
+        scaled = scaled.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return scaled
+
+
+class RolloutSampler(LogitsProcessor):
+    """The only logits processor of a rollout ``generate`` call (see the module docstring).
+
+    uniforms: [N, max_new_tokens] float in [0, 1), row r = trajectory r (None when greedy).
+    After ``generate``, :meth:`log_probs` returns [N, R] float32 for the R generated steps.
+    """
+
+    def __init__(self, sampling: SamplingParams, prompt_len: int, uniforms: Tensor | None) -> None:
+        self.sampling = sampling
+        self.prompt_len = prompt_len
+        self.uniforms = uniforms
+        self._pending: Tensor | None = None  # log-probs of the latest step, awaiting its token
+        self._chosen: list[Tensor] = []
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        step = input_ids.shape[1] - self.prompt_len
+        if step > len(self._chosen):  # the previous step's token is now known
+            self._chosen.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
+        s = self.sampling
+        scaled = scores if s.greedy else scores / s.temperature
+        self._pending = torch.log_softmax(scaled, dim=-1)
+        if s.greedy:
+            return scores
+        if s.top_k > 0 or s.top_p < 1.0:
+            probs = top_k_top_p_filter(scaled, s.top_k, s.top_p).softmax(-1)
+        else:
+            probs = self._pending.exp()
+        cdf = probs.cumsum(-1)
+        col = min(step, self.uniforms.shape[1] - 1)  # a deferred extra step (undone by generate) reuses the last
+        u = self.uniforms[:, col : col + 1].to(cdf.device) * cdf[:, -1:]
+        token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+
+    def log_probs(self, response_ids: Tensor) -> Tensor:
+        """[N, R] float32: the chosen tokens' log-probs, R = response_ids.shape[1]."""
+        steps = response_ids.shape[1]
+        if len(self._chosen) < steps:  # the last step's token was never fed back
+            self._chosen.append(self._pending.gather(1, response_ids[:, steps - 1 : steps]).squeeze(1))
+        if steps == 0:
+            return torch.zeros(response_ids.shape, dtype=torch.float32)
+        return torch.stack(self._chosen[:steps], dim=1).float()
+
+
+@contextmanager
+def _clean_generation_config(model: nn.Module) -> Iterator[None]:
+    """Swap the underlying HF model's generation_config for a default one during the call.
+
+    ``generate`` fills unset fields from ``model.generation_config`` (it may set do_sample,
+    top_k, repetition_penalty, ...); those would change the distribution we report.
+    """
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = target.generation_config
+    target.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        target.generation_config = saved
+
+
+@register_rollout_engine("hf")
+class HFRolloutEngine:
+    """Generation with transformers on the trainer's own model object (the hybrid engine).
+
+    model: a causal LM (or peft model) on its device; tokenizer: gives the pad id.
+    generation_batch_trajectories: rows per ``generate`` call (a memory knob; outputs do not
+    depend on it). The model is put in eval mode for generation and its previous mode restored.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64) -> None:
+        if tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer has no pad token; use hybridflow.models.prepare_tokenizer")
+        self.model = model
+        self.pad_token_id = int(tokenizer.pad_token_id)
+        self.generation_batch_trajectories = generation_batch_trajectories
+
+    @classmethod
+    def from_config(cls, *, model: nn.Module, tokenizer: Any, model_cfg: Any, rollout_cfg: Any, device: Any = None):
+        return cls(model, tokenizer, generation_batch_trajectories=rollout_cfg.generation_batch_trajectories)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> RolloutOutput:
+        """B left-padded prompts → B*n trajectories (prompt-major). See RolloutOutput for shapes."""
+        if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
+            raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)}")
+        ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
+        mask = prompt_mask.bool().repeat_interleave(sampling.n, dim=0)
+        uniforms = None
+        if not sampling.greedy:
+            seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
+            gen = torch.Generator().manual_seed(seed)
+            uniforms = torch.rand(ids.shape[0], sampling.max_new_tokens, generator=gen)
+        outputs = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, ids.shape[0], self.generation_batch_trajectories):
+                rows = slice(start, start + self.generation_batch_trajectories)
+                chunk_u = None if uniforms is None else uniforms[rows]
+                outputs.append(self._generate_chunk(ids[rows], mask[rows], sampling, chunk_u))
+        finally:
+            self.model.train(was_training)
+        return RolloutOutput(
+            right_pad([o.response_ids for o in outputs], self.pad_token_id),
+            right_pad([o.response_mask for o in outputs], False),
+            right_pad([o.rollout_log_probs for o in outputs], 0.0),
+            [r for o in outputs for r in o.finish_reason],
+        )
+
+    def _generate_chunk(
+        self, ids: Tensor, mask: Tensor, sampling: SamplingParams, uniforms: Tensor | None
+    ) -> RolloutOutput:
+        real_cols = mask.any(0).nonzero()
+        first = int(real_cols[0]) if len(real_cols) else 0
+        ids, mask = ids[:, first:].to(self.device), mask[:, first:].to(self.device)  # drop all-pad columns
+        prompt_len = ids.shape[1]
+        sampler = RolloutSampler(sampling, prompt_len, uniforms)
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            use_cache=True,
+            eos_token_id=list(sampling.stop_token_ids) or None,
+            pad_token_id=self.pad_token_id,
+        )
+        with _clean_generation_config(self.model), torch.no_grad():
+            seqs = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask.long(),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+            )
+        response = seqs[:, prompt_len:].cpu()
+        log_probs = sampler.log_probs(response.to(self.device)).cpu()
+        return finalize_responses(response, log_probs, sampling.stop_token_ids, self.pad_token_id)
+
+    # ---- weights -------------------------------------------------------------------------------
+    def load_weights(self, named_tensors: NamedTensors) -> None:
+        """Copy weights into the engine's model in place (plain HF names, or the model's own).
+
+        A tensor that already is the engine's parameter (the hybrid engine: trainer and engine
+        share one module) is skipped, so this is a no-op there. Raises KeyError for an unknown name.
+        """
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        params = _weights_by_name(self.model)
+        with torch.no_grad():
+            for name, tensor in items:
+                if name not in params:
+                    raise KeyError(f"load_weights: the engine's model has no weight {name!r}")
+                target = params[name]
+                if target.data_ptr() != tensor.data_ptr():
+                    target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def sleep(self) -> None:
+        """No-op: transformers keeps no KV cache between ``generate`` calls."""
+
+    def wake_up(self) -> None:
+        """No-op (see :meth:`sleep`)."""
+
+
+def _weights_by_name(model: nn.Module) -> dict[str, Tensor]:
+    """The model's tensors by state-dict name, plus plain HF aliases for a peft model's base weights."""
+    out = dict(model.state_dict(keep_vars=True))
+    if hasattr(model, "get_base_model"):
+        for name, t in model.get_base_model().state_dict(keep_vars=True).items():
+            if ".lora_" not in name:
+                out.setdefault(name.replace(".base_layer.", "."), t)
+    return out
