@@ -71,16 +71,17 @@ def _unshare_prefix() -> tuple[str, ...]:
     return ()
 
 
-def _limits(timeout_s: float, memory_mb: int, max_output_bytes: int) -> None:  # runs in the child
-    import resource
-
-    os.setsid()
-    cpu = math.ceil(timeout_s) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    mem = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (max_output_bytes, max_output_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+# Runs first in the sandboxed interpreter: set the limits, then exec the program under them.
+# (Done in the child rather than with Popen(preexec_fn=...), which is unsafe in threaded callers.)
+_BOOT = """
+import os, resource, sys
+cpu, mem, fsize = (int(x) for x in sys.argv[1:4])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+os.execv(sys.executable, [sys.executable, "-I", "main.py"])
+"""
 
 
 def run_code(
@@ -104,10 +105,10 @@ def run_code(
         start = time.monotonic()
         with open(work / "stdin.txt", "rb") as fin, open(work / "stdout.txt", "wb") as fout, \
                 open(work / "stderr.txt", "wb") as ferr:  # fmt: skip
+            limits = [str(math.ceil(timeout_s) + 1), str(memory_mb * 1024 * 1024), str(max_output_bytes)]
             proc = subprocess.Popen(
-                [*prefix, sys.executable, "-I", "main.py"],
-                cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr,
-                preexec_fn=functools.partial(_limits, timeout_s, memory_mb, max_output_bytes),
+                [*prefix, sys.executable, "-I", "-c", _BOOT, *limits],
+                cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr, start_new_session=True,
             )  # fmt: skip
             timed_out = False
             try:
