@@ -1,0 +1,262 @@
+"""The vLLM adapter against stand-ins of vLLM's types (vLLM itself cannot be installed here).
+
+The stand-ins mirror vllm 0.33's public shapes: ``RequestOutput(request_id, prompt_token_ids,
+outputs)``, ``CompletionOutput(index, text, token_ids, cumulative_logprob, logprobs,
+finish_reason, stop_reason)`` with ``logprobs`` a list (one per generated token) of
+``{token_id: Logprob(logprob, rank, decoded_token)}``, and ``LLM.generate / collective_rpc /
+sleep / wake_up / reset_prefix_cache``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from hybridflow.config import ModelConfig, RolloutConfig
+from hybridflow.models import build_tiny_model, build_tiny_tokenizer, save_hf_checkpoint
+from workers.rollout.base import SamplingParams, get_rollout_engine
+from workers.rollout.vllm import (
+    VLLMRolloutEngine,
+    build_requests,
+    parse_request_outputs,
+    vllm_sampling_kwargs,
+    vllm_weight_name,
+    weight_buckets,
+)
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    prompt_logprobs: Any
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+
+@dataclass
+class FakeSamplingParams:  # the vllm.SamplingParams fields the adapter sets
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = 16
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    seed: int | None = None
+    detokenize: bool = True
+
+
+def completion(index, token_ids, lps, reason, stop_reason=None, top_extra=False):
+    entries = []
+    for tok, lp in zip(token_ids, lps, strict=True):
+        d = {tok: Logprob(lp, rank=1)}
+        if top_extra:  # logprobs=0 may still carry a top-1 alternative when the sample was not the argmax
+            d[tok + 1000] = Logprob(-0.01, rank=1)
+        entries.append(d)
+    return CompletionOutput(index, "", list(token_ids), sum(lps), entries, reason, stop_reason)
+
+
+def test_sampling_kwargs_map_every_field():
+    s = SamplingParams(max_new_tokens=32, temperature=0.7, top_p=0.9, top_k=-1, stop_token_ids=(2, 0), n=4, seed=10)
+    kw = vllm_sampling_kwargs(s, prompt_index=3, base_seed=10)
+    assert kw == {
+        "n": 4,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 0,  # -1 (off) → vLLM's 0 (off)
+        "max_tokens": 32,
+        "stop_token_ids": [2, 0],
+        "ignore_eos": True,
+        "logprobs": 0,
+        "seed": 10 + 3 * 4,  # vLLM seeds sample j of this prompt with 22 + j: unique across the batch
+        "detokenize": False,
+    }
+    FakeSamplingParams(**kw)  # every key is a real SamplingParams field
+
+
+def test_build_requests_strips_left_padding():
+    ids = torch.tensor([[2, 2, 5, 6], [7, 8, 9, 10]])
+    mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    prompts, params = build_requests(ids, mask, SamplingParams(max_new_tokens=4, n=2), FakeSamplingParams, 100)
+    assert prompts == [{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [7, 8, 9, 10]}]
+    assert [p.seed for p in params] == [100, 102]
+
+
+def test_parse_outputs_into_the_batch_contract():
+    s = SamplingParams(max_new_tokens=4, stop_token_ids=(2,), n=2)
+    outs = [
+        RequestOutput(
+            "0",
+            None,
+            [5, 6],
+            None,
+            # completions arrive out of order; the stop token 2 is part of token_ids
+            [completion(1, [11, 12, 13, 14], [-0.1, -0.2, -0.3, -0.4], "length"),
+             completion(0, [21, 2], [-1.0, -0.5], "stop", stop_reason=2, top_extra=True)],
+        ),
+        RequestOutput("1", None, [7], None, [completion(0, [31], [-2.0], "length"), completion(1, [2], [-0.25], "stop", 2)]),
+    ]
+    out = parse_request_outputs(outs, s, pad_token_id=2)
+    assert out.response_ids.tolist() == [[21, 2, 2, 2], [11, 12, 13, 14], [31, 2, 2, 2], [2, 2, 2, 2]]
+    assert out.response_mask.tolist() == [
+        [True, True, False, False],
+        [True] * 4,
+        [True, False, False, False],  # "length" with 1 token (max_tokens reached early in this stand-in)
+        [True, False, False, False],  # the stop token alone
+    ]
+    assert torch.allclose(
+        out.rollout_log_probs,
+        torch.tensor([[-1.0, -0.5, 0, 0], [-0.1, -0.2, -0.3, -0.4], [-2.0, 0, 0, 0], [-0.25, 0, 0, 0]]),
+    )
+    assert out.finish_reason == ["stop", "length", "length", "stop"]
+
+
+def test_parse_rejects_aborted_requests_and_missing_logprobs():
+    s = SamplingParams(max_new_tokens=4, stop_token_ids=(2,))
+    aborted = [RequestOutput("0", None, [5], None, [completion(0, [3], [-1.0], "abort")])]
+    with pytest.raises(RuntimeError, match="'abort'"):
+        parse_request_outputs(aborted, s, 2)
+    no_lp = [RequestOutput("0", None, [5], None, [CompletionOutput(0, "", [3], None, None, "length")])]
+    with pytest.raises(RuntimeError, match="logprobs=0"):
+        parse_request_outputs(no_lp, s, 2)
+
+
+def test_weight_names_and_buckets():
+    assert vllm_weight_name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight") == (
+        "model.layers.0.self_attn.q_proj.weight"
+    )
+    assert vllm_weight_name("_orig_mod.model.norm.weight") == "model.norm.weight"
+    with pytest.raises(ValueError, match="merged"):
+        vllm_weight_name("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight")
+    # 3 float32 tensors of 100, 100 and 300 bytes; buckets of 250 bytes → [a, b], [c]
+    named = [("a", torch.zeros(25)), ("b", torch.zeros(25)), ("c", torch.zeros(75))]
+    assert [[n for n, _ in b] for b in weight_buckets(named, 250)] == [["a", "b"], ["c"]]
+
+
+# ---- the engine against a stand-in LLM ----------------------------------------------------------
+@dataclass
+class FakeWorker:
+    loaded: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        worker = self
+
+        class Model:
+            def load_weights(self, weights):
+                worker.loaded.extend(name for name, _ in weights)
+
+        self.model_runner = types.SimpleNamespace(model=Model())
+
+
+class FakeLLM:
+    """Records calls; generates a fixed token pattern: sample j of prompt i is [i*10+j, stop]."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.calls: list[Any] = []
+        self.worker = FakeWorker()
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append(("generate", prompts, sampling_params))
+        outs = []
+        for i, (_p, sp) in enumerate(zip(prompts, sampling_params, strict=True)):
+            comps = [completion(j, [100 + i * 10 + j, sp.stop_token_ids[0]], [-1.0, -2.0], "stop") for j in range(sp.n)]
+            outs.append(RequestOutput(str(i), None, _p["prompt_token_ids"], None, comps))
+        return outs
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(("collective_rpc", len(args[0])))
+        return [method(self.worker, *args, **(kwargs or {}))]
+
+    def sleep(self, level=1):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.LLM = FakeLLM
+    module.SamplingParams = FakeSamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return module
+
+
+def test_from_config_builds_llm_on_the_hf_folder(fake_vllm, tmp_path):
+    tok = build_tiny_tokenizer()
+    folder = save_hf_checkpoint(build_tiny_model(len(tok)), tok, tmp_path / "policy")
+    engine = get_rollout_engine("vllm").from_config(
+        tokenizer=tok,
+        model_cfg=ModelConfig(path=str(folder)),
+        rollout_cfg=RolloutConfig(tensor_parallel_size=2, gpu_memory_utilization=0.4),
+        max_model_len=512,
+        seed=3,
+    )
+    assert isinstance(engine, VLLMRolloutEngine)
+    assert engine.llm.kwargs == {
+        "model": str(folder.resolve()),
+        "tokenizer": str(folder.resolve()),
+        "dtype": "float32",
+        "seed": 3,
+        "tensor_parallel_size": 2,
+        "gpu_memory_utilization": 0.4,
+        "enable_sleep_mode": True,
+        "logprobs_mode": "processed_logprobs",
+        "max_model_len": 512,
+    }
+
+
+def test_generate_sleep_and_weight_sync_sequence(fake_vllm):
+    llm = FakeLLM()
+    engine = VLLMRolloutEngine(llm, pad_token_id=0, bucket_bytes=1 << 30)
+    ids = torch.tensor([[0, 5], [6, 7]])
+    mask = torch.tensor([[False, True], [True, True]])
+    out = engine.generate(ids, mask, SamplingParams(max_new_tokens=4, stop_token_ids=(2,), n=2, seed=1))
+    assert out.response_ids.tolist() == [[100, 2], [101, 2], [110, 2], [111, 2]]  # prompt-major
+    assert out.finish_reason == ["stop"] * 4
+    engine.sleep()
+    model = build_tiny_model(100)
+    engine.load_weights(model.named_parameters())
+    names = [n for n, _ in model.named_parameters()]
+    assert llm.worker.loaded == names
+    assert [c[0] for c in llm.calls] == [
+        "generate",
+        "sleep",
+        "wake_up",  # weights first, so the sync writes into resident memory
+        "collective_rpc",
+        "wake_up",  # then the KV cache
+        "reset_prefix_cache",  # cached prefixes were computed with the old weights
+    ]
+    assert llm.calls[2] == ("wake_up", ["weights"]) and llm.calls[4] == ("wake_up", ["kv_cache"])
+    assert not engine.sleeping
