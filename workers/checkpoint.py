@@ -263,6 +263,38 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
 
 
+# ---- model weights from a folder of safetensors -------------------------------------------------
+
+
+def read_safetensors_folder(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of the ``*.safetensors`` files directly in ``folder`` (HF single or sharded).
+
+    Raises CheckpointError when there is none.
+    """
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder} holds no .safetensors file")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+def load_weights_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], *, where: str) -> None:
+    """``module.load_state_dict(state)`` that tolerates only missing TIED weights.
+
+    HF folders store tied weights once (e.g. ``lm_head.weight`` = ``model.embed_tokens.weight``):
+    a missing key is accepted when its tensor shares storage with a loaded one. Any other
+    missing or unexpected key raises CheckpointError naming ``where`` and the keys.
+    """
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    current = module.state_dict()
+    loaded_ptrs = {current[k].data_ptr() for k in state if k in current}
+    untied = [k for k in missing if current[k].data_ptr() not in loaded_ptrs]
+    if untied or unexpected:
+        raise CheckpointError(f"{where}: weights do not match the model (missing {untied[:5]}, unexpected {unexpected[:5]})")
+
+
 __all__ = [
     "CheckpointError",
     "step_name",
@@ -277,4 +309,6 @@ __all__ = [
     "load_state",
     "capture_rng_state",
     "restore_rng_state",
+    "read_safetensors_folder",
+    "load_weights_strict",
 ]

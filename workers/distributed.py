@@ -232,4 +232,14 @@ __all__ = [
     "no_sync",
     "clip_grad_norm",
     "full_model_state_dict",
+    "pool_strategy",
 ]
+
+
+def pool_strategy(cfg, role: str) -> Strategy:
+    """The training strategy of the pool that hosts ``role`` (``placement.pools.*.strategy``); "ddp"
+    when no pool lists the role (a worker built outside any pool, e.g. in a unit test)."""
+    for pool in cfg.placement.pools.values():
+        if role in pool.roles:
+            return pool.strategy
+    return "ddp"

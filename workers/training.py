@@ -309,6 +309,42 @@ class VersionedUpdates:
         self.last_metrics = sd["last_metrics"]
 
 
+# ---- helpers shared by the workers -------------------------------------------------------------
+
+
+def disable_dropout(module: nn.Module) -> nn.Module:
+    """Set every dropout probability to 0 (as TRL's ``disable_dropout_in_model``), so train-mode
+    forward passes equal eval-mode ones and recomputed log-probs match the rollout's."""
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout"):
+        cfg = getattr(module, "config", None)
+        if cfg is not None and isinstance(getattr(cfg, name, None), float):
+            setattr(cfg, name, 0.0)
+    return module
+
+
+def chunked_inference(model: nn.Module, batch: Batch, micro: int, fn: Callable[[Batch], Any]) -> list[Any]:
+    """``fn(chunk)`` under ``torch.no_grad`` over consecutive chunks of ``micro`` rows, in order.
+
+    Under FSDP2 every forward is a collective, so all ranks run the same number of passes: a
+    rank with fewer chunks runs extra passes on its first row and drops their results.
+    """
+    chunks = batch.chunk(micro)
+    n = len(chunks)
+    if D.is_fsdp(model):
+        n = int(D.all_reduce_max(torch.tensor([n], dtype=torch.float64)).item())
+    out = []
+    with torch.no_grad():
+        for i in range(n):
+            if i < len(chunks):
+                out.append(fn(chunks[i]))
+            else:
+                fn(batch.index([0]))
+    return out
+
+
 __all__ = [
     "VersionMismatchError",
     "OptimSettings",
@@ -316,4 +352,6 @@ __all__ = [
     "MicroResult",
     "Optimization",
     "VersionedUpdates",
+    "disable_dropout",
+    "chunked_inference",
 ]

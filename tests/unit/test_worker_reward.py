@@ -1,0 +1,70 @@
+"""RewardWorker without Ray: a hand-made batch scored by the arith rule reward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.batch import Batch
+from tests.unit._worker_helpers import tiny_cfg
+from workers.reward import RewardWorker, place_scores
+
+
+def test_place_scores_on_last_valid_token():
+    mask = torch.tensor([[True, True, False], [True, False, False], [False, False, False]])
+    out = place_scores([1.0, 0.5, -1.0], mask)
+    # rows of length 2, 1, 0 → columns 1, 0, 0
+    assert torch.equal(out, torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.0], [-1.0, 0.0, 0.0]]))
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = RewardWorker(tiny_cfg())
+    yield w
+    w.close()
+
+
+def _batch(tokenizer, responses: list[str], truths: list[str], width: int = 12) -> Batch:
+    """Right-padded responses (each ends with <|im_end|>, which decoding drops)."""
+    eos = tokenizer.eos_token_id
+    rows = [tokenizer(r, add_special_tokens=False).input_ids + [eos] for r in responses]
+    ids = torch.full((len(rows), width), eos, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = True
+    n = len(rows)
+    return Batch.from_dict(
+        {"response_ids": ids, "response_mask": mask},
+        {"uid": ["u0", "u0", "u1"][:n], "data_source": ["arith"] * n, "ground_truth": truths,
+         "extra_info": [None] * n},
+    )
+
+
+def test_scores_rows_and_places_them(worker):
+    # "\boxed{2}" is right for truth 2; "7" is wrong for 2; "25" is right for 25 (no box: last number)
+    batch = _batch(worker.tokenizer, ["\\boxed{2}", "7", "x=25"], ["2", "2", "25"])
+    out = worker.compute_rewards(batch)
+    assert out["score"] == [1.0, 0.0, 1.0]
+    assert out["acc"] == [1.0, 0.0, 1.0]
+    assert out["reward_failure"] == [None, None, None]
+    scores = out["token_level_scores"]
+    assert scores.dtype == torch.float32 and scores.shape == (3, 12)
+    # "\boxed{2}" is 9 chars + <|im_end|> → last valid column 9; "7" → 1; "x=25" → 4
+    assert scores[0, 9] == 1.0 and scores[1, 1] == 0.0 and scores[2, 4] == 1.0
+    assert scores.sum() == 2.0
+    m = out.meta["metrics"]
+    assert m["critic/score/mean"] == pytest.approx(2 / 3) and m["critic/score/arith/mean"] == pytest.approx(2 / 3)
+    assert m["critic/score/max"] == 1.0 and m["critic/score/min"] == 0.0
+    assert m["reward/errors"] == 0.0 and m["reward/arith/acc/mean"] == pytest.approx(2 / 3)
+    assert out.meta["logs"] == []
+
+
+def test_reward_failure_is_counted_not_raised(worker):
+    # "abc" is no number: the arith reward raises for the ground truth → scored reward.on_error (0)
+    batch = _batch(worker.tokenizer, ["2", "2"], ["2", "abc"])
+    out = worker.compute_rewards(batch)
+    assert out["score"] == [1.0, 0.0]
+    assert out["reward_failure"] == [None, "error"]
+    assert out.meta["metrics"]["reward/errors"] == 1.0
+    assert len(out.meta["logs"]) == 1 and "row 1" in out.meta["logs"][0]

@@ -1,0 +1,343 @@
+"""PolicyWorker: the hybrid engine — rollout engine and trainer of the policy in one process.
+
+The trainer's model is wrapped for data parallelism (DDP, or FSDP2 ``fully_shard``); the
+rollout engine generates with an *inference module* holding the same weights:
+
+- DDP / one rank: the trainer's own module object (the HF engine shares it; nothing to sync);
+- FSDP2 with several ranks: an unsharded copy, refreshed from the gathered full weights after
+  every applied update (and after a checkpoint load);
+- an engine that owns its weights (vLLM): ``engine.load_weights`` of the merged HF-named weights.
+
+Log-probs are recomputed on the inference module too (same weights, no collectives), on
+logits / ``rollout.temperature`` as the rollout reports them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hybridflow.algorithms import (
+    entropy_from_logits,
+    get_policy_loss,
+    kl_loss,
+    log_probs_from_logits,
+    masked_sum,
+    position_ids_from_mask,
+)
+from hybridflow.batch import Batch, BatchError
+from hybridflow.config import ExperimentConfig
+from workers import checkpoint as C
+from workers import distributed as D
+from workers.dispatch import dispatch
+from workers.training import (
+    MicroResult,
+    Optimization,
+    OptimSettings,
+    VersionedUpdates,
+    VersionMismatchError,
+    chunked_inference,
+    disable_dropout,
+)
+
+RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride
+POLICY_DIR, POLICY_OPTIM_DIR = "policy", "policy_optim"
+
+
+def sequence_log_probs(
+    model: nn.Module, batch: Batch, *, temperature: float, with_entropy: bool = False, entropy_grad: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) of the response tokens under ``model`` on logits / temperature.
+
+    batch: prompt_ids/prompt_mask [B, P] (left padded), response_ids/response_mask [B, R];
+    position_ids [B, P+R] when present, else from the attention mask. Tensors are moved to
+    the model's device. Returns ([B, R] float32 nats, [B, R] float32 entropy or None), on the
+    model's device; positions outside response_mask hold numbers the caller masks out.
+    entropy_grad: keep the entropy in the autograd graph (for an entropy bonus).
+    """
+    device = next(model.parameters()).device
+    prompt_len = batch["prompt_ids"].shape[1]
+    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
+    attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to(device)
+    pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
+    logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False).logits
+    response_logits = logits[:, prompt_len - 1 : -1]
+    log_probs = log_probs_from_logits(response_logits, batch["response_ids"].to(device), temperature=temperature)
+    entropy = None
+    if with_entropy:
+        src = response_logits if entropy_grad else response_logits.detach()
+        entropy = entropy_from_logits(src, temperature=temperature)
+    return log_probs, entropy
+
+
+def copy_batch(batch: Batch) -> Batch:
+    """A shallow copy whose fields can be added without touching the caller's batch."""
+    return Batch(batch.tensors.clone(recurse=False), dict(batch.non_tensors), dict(batch.meta))
+
+
+def build_policy_module(cfg: ExperimentConfig, device: torch.device) -> nn.Module:
+    """The initial policy: the configured model (seeded by trainer.seed), LoRA applied, no dropout."""
+    from hybridflow.models import apply_lora, load_causal_lm
+
+    module = apply_lora(load_causal_lm(cfg.model, device=device, seed=cfg.trainer.seed), cfg.model)
+    return disable_dropout(module)
+
+
+def check_versions_agree(version: int, role: str) -> None:
+    """Raise VersionMismatchError on every rank when the ranks' weights_version differ (collective)."""
+    if not D.is_distributed():
+        return
+    mx = D.all_reduce_max(torch.tensor([version, -version], dtype=torch.float64))
+    if int(mx[0]) != version or int(-mx[1]) != version:
+        raise VersionMismatchError(
+            f"{role} ranks disagree on weights_version (between {int(-mx[1])} and {int(mx[0])}); rebuild the pool"
+        )
+
+
+class PolicyWorker:
+    """Policy rollout + training on one data-parallel rank (see the module docstring).
+
+    cfg: the experiment config. rank/world_size: this rank of the policy pool; with
+    world_size > 1 torch.distributed must already be initialised (the pool does it).
+    device: "cpu", "cuda" or "cuda:N".
+    """
+
+    def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+        from hybridflow.models import load_tokenizer, tokenizer_stop_ids
+        from workers.rollout.base import get_rollout_engine
+
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device = torch.device(device)
+        self.strategy = D.pool_strategy(cfg, "policy")
+        self.tokenizer = load_tokenizer(cfg.model)
+        self.stop_ids = tokenizer_stop_ids(self.tokenizer)
+        self.module = build_policy_module(cfg, self.device)
+        self.model = D.wrap_for_training(self.module, self.strategy, world_size)
+        self.sharded = D.is_fsdp(self.model)
+        # the unsharded module generation and log-prob recomputation run on
+        self.inference_module = build_policy_module(cfg, self.device) if self.sharded else self.module
+        self.engine = get_rollout_engine(cfg.rollout.engine).from_config(
+            model=self.inference_module, tokenizer=self.tokenizer, model_cfg=cfg.model,
+            rollout_cfg=cfg.rollout, device=self.device,
+        )
+        self.optim = Optimization(self.model, self._optim_settings(), world_size=world_size, prefix="actor")
+        self.versions = VersionedUpdates("policy", "actor")
+        self.policy_loss = get_policy_loss(cfg.actor.policy_loss)
+        self._sync_rollout_weights()
+
+    def _optim_settings(self) -> OptimSettings:
+        a, cfg = self.cfg.actor, self.cfg
+        steps_per_update = -(-cfg.trajectories_per_step // a.mini_batch_trajectories) * a.ppo_epochs
+        return OptimSettings(
+            lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.lr_warmup_steps, schedule=a.lr_schedule,
+            total_steps=cfg.trainer.total_iterations * steps_per_update, max_grad_norm=a.max_grad_norm,
+        )
+
+    # ---- weights to the rollout engine ---------------------------------------------------------
+    def _sync_rollout_weights(self) -> None:
+        """Give the engine the trainer's current weights (collective under FSDP2)."""
+        if self.sharded:
+            full = D.full_model_state_dict(self.model)
+            C.load_weights_strict(self.inference_module, full, where="policy rollout copy")
+        if getattr(self.engine, "model", None) is not self.inference_module:
+            from hybridflow.models import merged_named_tensors
+
+            self.engine.wake_up()
+            self.engine.load_weights(merged_named_tensors(self.inference_module))
+
+    # ---- dataflow steps ------------------------------------------------------------------------
+    @dispatch("dp_scatter")
+    def generate_sequences(self, batch: Batch, *, seed: int, validate: bool = False) -> Batch:
+        """One row per prompt → ``n`` rows per prompt (prompt-major) with the response fields.
+
+        Input: prompt_ids, prompt_mask; non-tensors (uid, data_source, ground_truth, extra_info,
+        raw_prompt, ...) are repeated. n = rollout.samples_per_prompt (training) or
+        val_samples_per_prompt at val_temperature (``validate``). Adds response_ids,
+        response_mask, rollout_log_probs, position_ids, finish_reason, response_length;
+        meta: weights_version, metrics (timing_s/gen, response_length/*). Deterministic given
+        ``seed`` (rank r uses seed + r·1000003).
+        """
+        from workers.rollout.base import sampling_params_from_config
+
+        start = time.perf_counter()
+        sampling = sampling_params_from_config(
+            self.cfg.rollout, self.stop_ids, validation=validate, seed=seed + RANK_SEED_STRIDE * self.rank
+        )
+        self.engine.wake_up()
+        try:
+            out = self.engine.generate(batch["prompt_ids"], batch["prompt_mask"], sampling)
+        finally:
+            self.engine.sleep()
+        rows = batch.repeat_interleave(sampling.n)
+        for key, value in out.tensors().items():
+            rows.set(key, value.cpu())
+        attn = torch.cat([rows["prompt_mask"], rows["response_mask"]], 1)
+        rows.set("position_ids", position_ids_from_mask(attn))
+        lengths = rows["response_mask"].sum(-1)
+        rows.set("finish_reason", list(out.finish_reason))
+        rows.set("response_length", lengths.tolist())
+        rows.meta["weights_version"] = self.versions.weights_version
+        rows.meta["metrics"] = self._generation_metrics(lengths, out.finish_reason, time.perf_counter() - start)
+        return rows
+
+    def _generation_metrics(self, lengths: Tensor, finish: list[str], seconds: float) -> dict[str, float]:
+        n_len = sum(r == "length" for r in finish)
+        sums = D.all_reduce_sum(torch.tensor([float(lengths.sum()), float(len(lengths)), float(n_len)],
+                                             dtype=torch.float64))
+        maxes = D.all_reduce_max(torch.tensor([float(lengths.max()), -float(lengths.min()), seconds],
+                                              dtype=torch.float64))
+        rows = max(float(sums[1]), 1.0)
+        return {
+            "timing_s/gen": float(maxes[2]),
+            "response_length/mean": float(sums[0]) / rows,
+            "response_length/max": float(maxes[0]),
+            "response_length/min": -float(maxes[1]),
+            "response_length/clip_ratio": float(sums[2]) / rows,
+        }
+
+    @dispatch("dp_scatter")
+    def compute_log_probs(self, batch: Batch) -> Batch:
+        """Adds ``old_log_probs`` [B, R] float32 (current weights, logits / rollout.temperature).
+
+        meta["metrics"]: actor/entropy (token mean over response_mask), and when the batch has
+        rollout_log_probs: rollout/logprob_diff_max / _mean (|rollout − recomputed| over the mask).
+        """
+        temp = self.cfg.rollout.temperature
+
+        def run(chunk: Batch) -> tuple[Tensor, Tensor]:
+            lp, ent = sequence_log_probs(self.inference_module, chunk, temperature=temp, with_entropy=True)
+            return lp.float().cpu(), ent.float().cpu()
+
+        parts = chunked_inference(self.inference_module, batch, self.cfg.actor.micro_batch_trajectories, run)
+        out = copy_batch(batch)
+        mask = batch["response_mask"]
+        old = torch.cat([p[0] for p in parts]).masked_fill(~mask, 0.0)
+        out.set("old_log_probs", old)
+        entropy = torch.cat([p[1] for p in parts])
+        sums = [float(masked_sum(entropy, mask)), float(mask.sum())]
+        maxes = [0.0]
+        if "rollout_log_probs" in batch:
+            diff = (batch["rollout_log_probs"] - old).abs()
+            sums.append(float(masked_sum(diff, mask)))
+            maxes = [float(torch.where(mask, diff, torch.zeros(())).max()) if mask.any() else 0.0]
+        tot = D.all_reduce_sum(torch.tensor(sums, dtype=torch.float64)).tolist()
+        mx = D.all_reduce_max(torch.tensor(maxes, dtype=torch.float64)).tolist()
+        metrics = {"actor/entropy": tot[0] / max(tot[1], 1.0)}
+        if "rollout_log_probs" in batch:
+            metrics |= {"rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": tot[2] / max(tot[1], 1.0)}
+        out.meta["metrics"] = {**batch.meta.get("metrics", {}), **metrics}
+        return out
+
+    @dispatch("dp_scatter")
+    def update_policy(self, batch: Batch, *, expected_version: int, batch_id: str) -> dict[str, float]:
+        """Exactly-once policy update (see :class:`workers.training.VersionedUpdates`).
+
+        Needs response_mask, old_log_probs, advantages (+ ref_log_probs with actor.use_kl_loss).
+        Returns metrics with verl names, averaged over ranks: actor/pg_loss, actor/pg_clipfrac,
+        actor/pg_clipfrac_lower, actor/ppo_kl, actor/entropy, actor/kl_loss, actor/grad_norm,
+        actor/lr, actor/bad_updates, actor/update_skipped, perf/total_num_tokens, timing_s/update_actor.
+        Raises VersionMismatchError, or BatchError for a missing field.
+        """
+        check_versions_agree(self.versions.weights_version, "policy")
+        return self.versions.run(expected_version, batch_id, lambda: self._update(batch))
+
+    def _update(self, batch: Batch) -> dict[str, float]:
+        a = self.cfg.actor
+        needed = ["response_mask", "old_log_probs", "advantages"] + (["ref_log_probs"] if a.use_kl_loss else [])
+        missing = [k for k in needed if k not in batch]
+        if missing:
+            raise BatchError(f"update_policy: batch lacks {missing} (has {batch.keys()})")
+        self.model.train()
+        metrics = self.optim.update(
+            batch, self._micro_loss,
+            mini_batch_trajectories=a.mini_batch_trajectories, micro_batch_trajectories=a.micro_batch_trajectories,
+            epochs=a.ppo_epochs, loss_agg_mode=a.loss_agg_mode, max_response_tokens=self.cfg.rollout.max_response_tokens,
+            shuffle_seed=self.cfg.trainer.seed + self.versions.weights_version if a.shuffle else None,
+        )
+        if a.use_kl_loss:
+            metrics["actor/kl_coef"] = a.kl_loss_coef
+        tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
+        metrics["perf/total_num_tokens"] = float(D.all_reduce_sum(torch.tensor([tokens], dtype=torch.float64)))
+        if not metrics["actor/update_skipped"]:
+            self._sync_rollout_weights()
+        return metrics
+
+    def _micro_loss(self, model: nn.Module, mb: Batch, plan: Any) -> MicroResult:
+        a = self.cfg.actor
+        lp, ent = sequence_log_probs(model, mb, temperature=self.cfg.rollout.temperature, with_entropy=True,
+                                     entropy_grad=a.entropy_coef != 0)
+        dev = lp.device
+        mask = mb["response_mask"].to(dev)
+        loss, m = self.policy_loss(
+            lp, mb["old_log_probs"].to(dev), mb["advantages"].to(dev), mask,
+            clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
+            **plan.loss_kwargs,
+        )
+        m = dict(m)
+        terms = {"pg_loss": m.pop("pg_loss")}
+        entropy = plan.aggregate(ent, mask)
+        terms["entropy"] = float(entropy.detach())
+        if a.entropy_coef:
+            loss = loss - a.entropy_coef * entropy
+        if a.use_kl_loss:
+            kl = kl_loss(lp, mb["ref_log_probs"].to(dev), mask, a.kl_loss_type, **plan.loss_kwargs)
+            loss = loss + a.kl_loss_coef * kl
+            terms["kl_loss"] = float(kl.detach())
+        return MicroResult(loss, terms, m)
+
+    # ---- versions and checkpoints --------------------------------------------------------------
+    @dispatch("broadcast")
+    def get_weights_version(self) -> int:
+        """Updates applied so far (every rank answers; they must agree)."""
+        return self.versions.weights_version
+
+    @dispatch("broadcast")
+    def save_checkpoint(self, path: str) -> None:
+        """Write ``<path>/policy/`` (HF folder, rank 0; LoRA merged) and ``<path>/policy_optim/
+        rank_<r>.safetensors + .json`` (optimizer state, LR step, exactly-once record, and with
+        LoRA the adapter weights). Collective under FSDP2. Raises CheckpointError on I/O errors.
+        """
+        from hybridflow.models import save_hf_checkpoint
+
+        root = Path(path)
+        state: dict[str, Any] = {"optim": self.optim.state_dict(), "versions": self.versions.state_dict(),
+                                 "world_size": self.world_size}
+        if self.cfg.model.lora_rank > 0:  # merged weights cannot restore the adapters: keep them exactly
+            trainable = {n for n, p in self.inference_module.named_parameters() if p.requires_grad}
+            state["trainable"] = {k: v for k, v in self.inference_module.state_dict().items() if k in trainable}
+        try:
+            if self.rank == 0:
+                save_hf_checkpoint(self.inference_module, self.tokenizer, root / POLICY_DIR)
+            C.save_state(state, root / POLICY_OPTIM_DIR / f"rank_{self.rank}")
+        except OSError as e:
+            raise C.CheckpointError(f"policy rank {self.rank}: cannot write checkpoint to {root}: {e}") from e
+
+    @dispatch("broadcast")
+    def load_checkpoint(self, path: str) -> None:
+        """Restore weights, optimizer state, LR step and weights_version written by
+        :meth:`save_checkpoint` (same world size). Raises CheckpointError when files are missing."""
+        root = Path(path)
+        state = C.load_state(root / POLICY_OPTIM_DIR / f"rank_{self.rank}")
+        if state["world_size"] != self.world_size:
+            raise C.CheckpointError(f"{root}: saved by {state['world_size']} policy ranks, loading into {self.world_size}")
+        plain = self.inference_module
+        if self.cfg.model.lora_rank > 0:
+            C.load_weights_strict(plain, {**plain.state_dict(), **state["trainable"]}, where=str(root / POLICY_DIR))
+        else:
+            weights = C.read_safetensors_folder(root / POLICY_DIR)
+            C.load_weights_strict(plain, weights, where=str(root / POLICY_DIR))
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.model, plain.state_dict(), options=StateDictOptions(full_state_dict=True))
+        self.optim.load_state_dict(state["optim"])
+        self.versions.load_state_dict(state["versions"])
+        if getattr(self.engine, "model", None) is not self.inference_module:
+            self._sync_rollout_weights()
+
+
+__all__ = ["PolicyWorker", "VersionMismatchError", "sequence_log_probs", "copy_batch", "build_policy_module"]
