@@ -65,7 +65,7 @@ def compute_data_metrics(
         out["critic/vf_explained_var"] = _explained_variance(
             batch["values"][mask].double(), batch["returns"][mask].double()
         )
-    lengths = mask.sum(-1).to(torch.float64)
+    lengths = torch.count_nonzero(mask, -1).to(torch.float64)
     out.update(_stats("response_length", lengths))
     if lengths.numel():
         out["response_length/clip_ratio"] = float((lengths >= max_response_tokens).double().mean())

@@ -162,7 +162,7 @@ def opo(
     """
     mask = _check_shapes(token_level_rewards, response_mask)
     scores = masked_sum(token_level_rewards, mask, dim=-1).to(torch.float64)
-    lengths = mask.sum(-1).to(torch.float64)
+    lengths = torch.count_nonzero(mask, -1).to(torch.float64)
     ids, n_groups = _groups(uid, len(scores), "opo", scores.device)
     count = torch.bincount(ids, minlength=n_groups)
     zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)

@@ -57,7 +57,7 @@ def _per_sequence(loss_mat: Tensor, mask: Tensor, mode: str, max_response_tokens
     if mode == "seq-mean-token-sum":
         return seq_sum
     if mode == "seq-mean-token-mean":
-        return seq_sum / mask.sum(-1).clamp(min=1).to(loss_mat.dtype)
+        return seq_sum / torch.count_nonzero(mask, -1).clamp(min=1).to(loss_mat.dtype)
     if max_response_tokens is None or max_response_tokens <= 0:
         raise ValueError(
             "loss_agg_mode='seq-mean-token-sum-norm' needs max_response_tokens > 0 (a constant, "
@@ -79,8 +79,8 @@ def loss_normalizer(response_mask: Tensor, mode: str, max_response_tokens: int |
     if mode == "seq-mean-token-sum-norm" and (max_response_tokens is None or max_response_tokens <= 0):
         raise ValueError(f"seq-mean-token-sum-norm needs max_response_tokens > 0, got {max_response_tokens!r}")
     if mode == "token-mean":
-        return float(m.sum())
-    return float(m.any(-1).sum())
+        return float(torch.count_nonzero(m))
+    return float(torch.count_nonzero(m.any(-1)))
 
 
 def aggregate_loss(
@@ -106,10 +106,10 @@ def aggregate_loss(
     m = _as_bool(mask)
     if mode == "token-mean":
         total = masked_sum(loss_mat, m)
-        local = m.sum()
+        local = torch.count_nonzero(m)
     else:
         total = _per_sequence(loss_mat, m, mode, max_response_tokens).sum()
-        local = m.any(-1).sum()
+        local = torch.count_nonzero(m.any(-1))
     if global_normalizer is None:
         return total / local.clamp(min=1).to(total.dtype)
     if not isinstance(global_normalizer, Tensor) and global_normalizer < 0:

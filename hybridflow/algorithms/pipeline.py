@@ -41,7 +41,7 @@ def apply_overlong_penalty(rewards: Tensor, batch: Batch, cfg: ExperimentConfig)
     if "response_length" in batch.non_tensors:
         lengths = torch.tensor(batch["response_length"], dtype=torch.float32, device=mask.device)
     else:
-        lengths = mask.sum(-1).to(torch.float32)
+        lengths = torch.count_nonzero(mask, -1).to(torch.float32)
     buf = cfg.algorithm.overlong_buffer
     penalty = overlong_penalty(
         lengths,

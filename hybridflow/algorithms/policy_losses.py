@@ -135,7 +135,7 @@ def gspo(
     """
     mask = _prepare(log_probs, old_log_probs, advantages, response_mask, options)
     token_log_ratio = _safe(log_probs - old_log_probs, mask)
-    lengths = mask.sum(-1, keepdim=True).clamp(min=1).to(log_probs.dtype)
+    lengths = torch.count_nonzero(mask, -1).unsqueeze(-1).clamp(min=1).to(log_probs.dtype)
     seq_log_ratio = token_log_ratio.sum(-1, keepdim=True) / lengths
     safe_lp = _safe(log_probs, mask)
     log_s = torch.clamp(safe_lp - safe_lp.detach() + seq_log_ratio.detach(), max=GSPO_LOG_RATIO_MAX)
