@@ -60,7 +60,7 @@ def rule_executor():
 
 @pytest.fixture(scope="module")
 def bad_executor(reward_file):
-    cfg = RewardConfig(function=f"{reward_file}:compute_score", num_workers=2, timeout_s=1.0, on_error=-1.0)
+    cfg = RewardConfig(function=f"{reward_file}:compute_score", num_workers=2, timeout_s=2.0, on_error=-1.0)
     with RewardExecutor(cfg) as ex:
         yield ex
 
@@ -126,26 +126,28 @@ def test_raise_nan_none_and_non_number(bad_executor):
 
 
 def test_timeout_kills_only_that_row(bad_executor):
-    items = [_item("1"), _item("sleep", uid="p-7"), _item("0.5"), _item("2")]
+    # 6 rows on 2 workers go out as chunks [0, 1, 2] and [3, 4, 5]: row 2 waits behind the
+    # hanging row 1 and must be rescored by a live worker
+    items = [_item("1"), _item("sleep", uid="p-7"), _item("0.5"), _item("2"), _item("3"), _item("4")]
     t0 = time.perf_counter()
     res = bad_executor.score(items)
     elapsed = time.perf_counter() - t0
-    assert res.scores == [1.0, -1.0, 0.5, 2.0]
-    assert res.failures == [None, "timeout", None, None]
+    assert res.scores == [1.0, -1.0, 0.5, 2.0, 3.0, 4.0]
+    assert res.failures == [None, "timeout", None, None, None, None]
     assert res.metrics["reward/timeouts"] == 1.0
     assert res.logs == [
-        "reward timeout on row 1 (data_source=user, uid=p-7): still running after 1 s; worker killed; scored -1"
+        "reward timeout on row 1 (data_source=user, uid=p-7): still running after 2 s; worker killed; scored -1"
     ]
-    assert elapsed < 10, elapsed  # bounded by timeout_s (1 s) + a worker restart, not by the 60 s sleep
+    assert elapsed < 10, elapsed  # bounded by timeout_s (2 s) + a worker restart, not by the 60 s sleep
 
 
 @pytest.mark.parametrize("how", ["exit", "segv"])
 def test_crashing_reward_does_not_take_the_caller_down(bad_executor, how):
     restarts = bad_executor.worker_restarts
-    items = [_item("1"), _item(how), _item("3"), _item("4")]
+    items = [_item("1"), _item(how), _item("3"), _item("4"), _item("5"), _item("6")]  # chunks [0, 1, 2], [3, 4, 5]
     res = bad_executor.score(items)
-    assert res.scores == [1.0, -1.0, 3.0, 4.0]  # rows after the crash are rescored on a live worker
-    assert res.failures == [None, "crash", None, None]
+    assert res.scores == [1.0, -1.0, 3.0, 4.0, 5.0, 6.0]  # row 2, after the crash in its chunk, is rescored
+    assert res.failures == [None, "crash", None, None, None, None]
     assert res.metrics["reward/crashes"] == 1.0
     assert "exit code" in res.logs[0] and "row 1" in res.logs[0]
     assert bad_executor.worker_restarts == restarts + 1
@@ -167,7 +169,7 @@ def test_trl_batched_function(reward_file):
 
 
 def test_async_batched_timeout_fails_its_call(reward_file):
-    cfg = RewardConfig(function=f"{reward_file}:trl_async_sleepy", num_workers=1, timeout_s=1.0)
+    cfg = RewardConfig(function=f"{reward_file}:trl_async_sleepy", num_workers=1, timeout_s=2.0)
     with RewardExecutor(cfg) as ex:
         res = ex.score([RewardItem("s", "sleep", ""), RewardItem("s", "ok", "")])
         assert res.failures == ["timeout", "timeout"]  # one batched call covers both rows
