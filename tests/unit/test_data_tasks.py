@@ -1,6 +1,8 @@
 """Task generators (arith, countdown, gsm8k) and the `hybridflow data` subcommands."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -114,3 +116,10 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert cli_main(["data", "gsm8k", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "g.parquet")]) == 2
     err = capsys.readouterr().err
     assert "allowed: 0..5" in err and "must end in .parquet or .jsonl" in err and "missing.jsonl" in err
+
+
+@pytest.mark.parametrize("module", ["hybridflow.data.cli", "hybridflow.data", "hybridflow.rewards"])
+def test_light_imports_do_not_pull_in_torch(module):
+    # `hybridflow --help` imports the data CLI; reward workers import hybridflow.rewards on start
+    code = f"import sys, {module}; heavy = {{'torch', 'transformers'}} & set(sys.modules); assert not heavy, heavy"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
