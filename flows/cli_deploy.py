@@ -1,7 +1,8 @@
 """``hybridflow deploy``: register the Prefect deployments of ``deployments/prefect.yaml``.
 
-Steps, each failing with one readable line:
+Steps; a failure stops the command with a message on stderr that names what failed:
 
+0. check that each selected deployment's entrypoint file exists under the project directory;
 1. find the Prefect API (``--api-url``, else ``$PREFECT_API_URL``, else the active Prefect
    profile) and check that ``GET {api}/health`` answers within ``--timeout-s``;
 2. make sure every work pool the deployments name exists (``prefect work-pool create NAME
@@ -88,6 +89,7 @@ def _deploy(args: argparse.Namespace) -> int:
     yaml_path = (project / args.prefect_yaml).resolve()
     spec = load_prefect_yaml(yaml_path)
     selected = select_deployments(spec, args.name)
+    check_entrypoints(spec, selected, project)
     api = resolve_api_url(args.api_url)
     check_api(api, args.timeout_s)
 
@@ -143,6 +145,23 @@ def select_deployments(spec: dict[str, Any], names: list[str]) -> list[str]:
     if unknown:
         raise DeployError(f"unknown deployment {', '.join(unknown)}; the file has: {', '.join(known)}")
     return list(names) or known
+
+
+def check_entrypoints(spec: dict[str, Any], selected: list[str], project: Path) -> None:
+    """Each selected deployment's ``path/to/file.py:function`` file must exist under ``project``."""
+    for dep in spec["deployments"]:
+        if dep["name"] not in selected:
+            continue
+        entrypoint = dep.get("entrypoint") or ""
+        path, _, func = entrypoint.rpartition(":")
+        if not path or not func:
+            raise DeployError(
+                f"deployment {dep['name']!r}: entrypoint {entrypoint!r} is not path/to/file.py:function"
+            )
+        if not (project / path).is_file():
+            raise DeployError(
+                f"deployment {dep['name']!r}: entrypoint file {path} does not exist in {project}"
+            )
 
 
 def retarget(spec: dict[str, Any], pool: str, pool_type: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def _closed_port() -> int:
 
 def test_unreachable_api_is_one_line_naming_the_url(capsys):
     url = f"http://127.0.0.1:{_closed_port()}/api"
-    args = build_parser().parse_args(["deploy", "--api-url", url, "--timeout-s", "2"])
+    args = build_parser().parse_args(["deploy", "-n", "train", "--api-url", url, "--timeout-s", "2"])
     assert cli_deploy.run(args) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
@@ -49,6 +49,22 @@ def test_missing_project_file_is_reported(tmp_path, capsys):
     assert cli_deploy.run(args) == 1
     assert (
         f"no Prefect project file at {tmp_path / 'deployments' / 'prefect.yaml'}" in capsys.readouterr().err
+    )
+
+
+def test_missing_entrypoint_file_is_reported_before_any_server_call(tmp_path, capsys):
+    (tmp_path / "deployments").mkdir()
+    (tmp_path / "deployments" / "prefect.yaml").write_text(PREFECT_YAML.read_text())
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "train.py").write_text("")
+    args = build_parser().parse_args(
+        ["deploy", "--project-dir", str(tmp_path), "--api-url", "http://127.0.0.1:9/api"]
+    )
+    assert cli_deploy.run(args) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"deployment 'evaluate-nightly': entrypoint file flows/evaluate.py does not exist in {tmp_path}"
+        in err
     )
 
 
