@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from hybridflow.models.fsutil import atomic_directory
 
@@ -125,6 +125,15 @@ def _check_same_logits(a: PreTrainedModel, b: PreTrainedModel) -> None:
         raise RuntimeError(f"GGUF rebuild changed the logits (max abs diff {(la - lb).abs().max().item():.3g})")
 
 
+def convert_gguf(gguf_path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The plain (unquantized, float32) model and the tokenizer of a GGUF file, not cached."""
+    path = Path(gguf_path)
+    with _memoized_gguf_parsing():  # one parse of the file serves the model and the tokenizer
+        plain = dequantize_gguf(path)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return plain, tokenizer
+
+
 def materialize_gguf(gguf_path: str | Path) -> Path:
     """The cached plain HF folder (model + tokenizer) for a GGUF file; converted on first use.
 
@@ -135,9 +144,7 @@ def materialize_gguf(gguf_path: str | Path) -> Path:
     target = gguf_cache_dir(path)
     if (target / MARKER).is_file():
         return target
-    with _memoized_gguf_parsing():  # one parse of the file serves the model and the tokenizer
-        plain = dequantize_gguf(path)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    plain, tokenizer = convert_gguf(path)
     with atomic_directory(target, on_exists="keep") as tmp:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
