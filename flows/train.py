@@ -60,8 +60,8 @@ def _submit(cfg: ExperimentConfig, task: Any, **kwargs: Any) -> Any:
         from prefect_ray.context import remote_options
 
         with remote_options(num_cpus=0):
-            return task.with_options(result_storage=storage).submit(**kwargs).result()
-    return task.with_options(result_storage=storage).submit(**kwargs).result()
+            return task.task.with_options(result_storage=storage).submit(**kwargs).result()
+    return task.task.with_options(result_storage=storage).submit(**kwargs).result()
 
 
 def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: Tracker) -> dict[str, float]:
@@ -110,7 +110,15 @@ def _checkpoint(cfg: ExperimentConfig, state: RunState, run: RunContext) -> None
     state.last_checkpoint_iteration = run.iteration
 
 
-@flow(name="train", flow_run_name="train-{config_path}", log_prints=True, persist_result=False)
+def _train_run_name() -> str:
+    params = prefect_flow_run.parameters or {}
+    cfg = params.get("config") or {}
+    run_id = (cfg.get("trainer") or {}).get("run_id") if isinstance(cfg, dict) else None
+    source = run_id or params.get("resume") or params.get("config_path") or "config"
+    return f"train-{Path(str(source)).stem}"
+
+
+@flow(name="train", flow_run_name=_train_run_name, log_prints=True, persist_result=False)
 def train(
     config: dict | None = None,
     config_path: str | None = None,

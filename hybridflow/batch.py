@@ -278,7 +278,7 @@ class Batch:
 
     # ---- storage -----------------------------------------------------------------------------
     def _serialise(self) -> tuple[bytes, bytes]:
-        tensor_bytes = st_save({k: v.contiguous() for k, v in self.tensors.items()}) if len(self.tensors.keys()) else b""
+        tensor_bytes = st_save(_unshared(dict(self.tensors.items()))) if len(self.tensors.keys()) else b""
         doc = {"rows": len(self), "non_tensors": self.non_tensors, "meta": self.meta}
         json_bytes = json.dumps(doc, sort_keys=True, allow_nan=False).encode()
         return tensor_bytes, json_bytes
@@ -328,6 +328,21 @@ class Batch:
         buf.write(t)
         buf.write(j)
         return buf.getvalue()
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous tensors with no shared storage (safetensors refuses aliases, e.g. rewards that
+    are the scores when no KL is applied)."""
+    seen: set[int] = set()
+    out = {}
+    for k in sorted(tensors):
+        v = tensors[k].contiguous()
+        ptr = v.untyped_storage().data_ptr()
+        if ptr in seen and v.numel():
+            v = v.clone()
+        seen.add(v.untyped_storage().data_ptr())
+        out[k] = v
+    return out
 
 
 def _cat_padded(key: str, parts: list[torch.Tensor]) -> torch.Tensor:

@@ -12,12 +12,12 @@ from tasks.pools import pool_of
 
 @node(name="checkpoint", cache=False, retries=1)
 def checkpoint(run: RunContext, trainer_state: dict[str, Any]) -> NodeResult:
-    from workers.checkpoint import finalize_checkpoint, step_dir
+    from workers.checkpoint import begin_save, commit_save
 
     cfg = run.cfg()
-    path = step_dir(run.ckpt_root, run.iteration)
+    path = begin_save(run.ckpt_root, run.iteration)
     pool_of(run, "policy").call("policy", "save_checkpoint", path)
     if cfg.needs_critic:
         pool_of(run, "critic").call("critic", "save_checkpoint", path)
-    finalize_checkpoint(run.ckpt_root, run.iteration, trainer_state)
+    commit_save(run.ckpt_root, run.iteration, trainer_state)
     return metrics_result("checkpoint", {"checkpoint/iteration": run.iteration})

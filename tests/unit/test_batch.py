@@ -104,3 +104,10 @@ def test_wrong_dtype_rejected():
         assert "response_mask" in str(e) and "bool" in str(e)
     else:
         raise AssertionError
+
+
+def test_aliased_tensors_save(tmp_path):
+    scores = torch.ones(2, 3)
+    b = Batch.from_dict({"token_level_scores": scores, "token_level_rewards": scores})
+    back = b.save(str(tmp_path / "a")).load()
+    assert torch.equal(back["token_level_rewards"], scores)
