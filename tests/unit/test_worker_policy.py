@@ -180,3 +180,26 @@ def test_checkpoint_round_trip_is_bit_exact(cfg, tmp_path):
     worker.update_policy(nxt, expected_version=1, batch_id="b1")
     fresh.update_policy(nxt, expected_version=1, batch_id="b1")
     assert all(torch.equal(v, weights(fresh.module)[k]) for k, v in weights(worker.module).items())
+
+
+def test_lora_checkpoint_restores_adapters_and_writes_merged_hf_folder(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_cfg("model.lora_rank=4", "model.target_modules=[q_proj, v_proj]", "actor.lr=1e-2")
+    worker = PolicyWorker(cfg)
+    batch = _rollout(worker)
+    worker.update_policy(batch, expected_version=0, batch_id="b0")
+    trainable = [n for n, p in worker.module.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    tmp = C.begin_save(tmp_path, 1)
+    worker.save_checkpoint(tmp)
+    path = C.finalize_checkpoint(tmp_path, 1, {})
+    fresh = PolicyWorker(cfg)
+    fresh.load_checkpoint(path)
+    want, got = weights(worker.module), weights(fresh.module)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    hf = AutoModelForCausalLM.from_pretrained(C.Path(path) / "policy")  # adapters merged into the weights
+    assert not any("lora_" in n for n, _ in hf.named_parameters())
+    ids = batch["prompt_ids"][:1]
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, fresh.module(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
