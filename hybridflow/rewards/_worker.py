@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -128,7 +131,21 @@ def worker_main(conn: Any, spec: str | None, cfg_dict: dict[str, Any], plugins: 
             conn.send(("batch", call_id, out))
 
 
+def _exit_with_parent() -> None:
+    """Workers live in their own session, so a SIGKILLed trainer would leave a hung one behind:
+    a daemon thread ends this process once its parent is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 def main() -> None:
+    _exit_with_parent()
     conn = Connection(int(sys.argv[1]))
     sys_path, spec, cfg_dict, plugins = conn.recv()
     sys.path[:] = sys_path

@@ -1,6 +1,8 @@
 """RewardExecutor: rule rewards in a process pool, metrics, and user functions that raise,
 return NaN/None, hang past the timeout, or kill their process (os._exit, segfault)."""
 
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -190,3 +192,35 @@ def test_module_that_kills_its_process_at_import(tmp_path):
     """))
     with pytest.raises(RewardLoadError, match="exit code 7"):
         RewardExecutor(RewardConfig(function=f"{path}:fn", num_workers=1)).start()
+
+
+def test_hung_worker_exits_when_its_trainer_is_killed(tmp_path):
+    # workers run in their own session (Ctrl-C is the trainer's); if the trainer is SIGKILLed
+    # while a reward hangs, the worker must not live on
+    (tmp_path / "hang.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                      "    while True:\n        pass\n")  # fmt: skip
+    trainer = textwrap.dedent(f"""
+        from hybridflow.config import RewardConfig
+        from hybridflow.rewards import RewardExecutor, RewardItem
+        ex = RewardExecutor(RewardConfig(function="{tmp_path}/hang.py:f", num_workers=1, timeout_s=100))
+        ex.start()
+        print(ex._pool._workers[0].proc.pid, flush=True)
+        ex.score([RewardItem("s", "x", "1")])
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", trainer], stdout=subprocess.PIPE, text=True)
+    worker_pid = int(proc.stdout.readline())
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(worker_pid):
+        time.sleep(0.2)
+    assert not _alive(worker_pid)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
