@@ -11,11 +11,12 @@ A checkpoint is one step folder under the run's checkpoint root::
 
 Saving is two-phase so several workers (possibly in several processes) can write one step:
 
-1. ``tmp = begin_save(root, step)`` — a fresh ``step_000007.tmp/`` folder (a leftover from an
-   interrupted save is removed);
+1. ``tmp = begin_save(root, step)`` — a fresh staging folder ``step_000007.tmp/`` (a leftover
+   from an interrupted save is removed); ``step_dir(root, step)`` names the same path;
 2. workers write into ``tmp`` (``PolicyWorker.save_checkpoint(tmp)``, ...);
-3. ``commit_save(root, step, trainer_state)`` writes ``trainer_state.json``, renames the
-   folder to ``step_000007/`` and replaces ``latest`` atomically (tmp file + ``os.replace``).
+3. ``commit_save(root, step, trainer_state)`` (alias ``finalize_checkpoint``) writes
+   ``trainer_state.json``, renames the folder to ``step_000007/`` and replaces ``latest``
+   atomically (tmp file + ``os.replace``).
 
 A crash before step 3 finishes leaves the previous checkpoint and ``latest`` untouched.
 Nothing is ever read with pickle: tensors are safetensors, everything else is JSON

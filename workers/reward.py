@@ -64,7 +64,10 @@ class RewardWorker:
     def __del__(self) -> None:
         executor = getattr(self, "executor", None)
         if executor is not None:
-            executor.close()
+            try:
+                executor.close()
+            except Exception:  # interpreter shutdown: the pool may already be gone
+                pass
 
     def _items(self, batch: Batch) -> list[Any]:
         from hybridflow.rewards import RewardItem
