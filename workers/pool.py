@@ -111,6 +111,8 @@ class WorkerHost:
         for role in ROLE_ORDER:
             if role not in self.pool_cfg.roles:
                 continue
+            if (role == "critic" and not self.cfg.needs_critic) or (role == "reference" and not self.cfg.needs_reference):
+                continue  # the node is switched off: do not load a model nobody calls
             cls = role_class(role)
             kwargs: dict[str, Any] = {"rank": self.rank, "world_size": self.world_size, "device": self.device}
             if role == "reference" and "policy" in self.workers:
