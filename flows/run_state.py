@@ -114,22 +114,15 @@ class RunState:
 
     # ---- data ----
     def _load_data(self) -> None:
-        from hybridflow.data import PromptDataset, PromptSampler, load_rows
-        from hybridflow.models import load_tokenizer
+        from flows.preflight import load_datasets
+        from hybridflow.data import PromptSampler
 
         cfg = self.cfg
-        if not cfg.data.train_files:
-            raise ValueError("data.train_files is empty: give at least one parquet/jsonl file")
-        self.tokenizer = load_tokenizer(cfg.model)
-        self.train_set = PromptDataset(load_rows(cfg.data.train_files, cfg.data), self.tokenizer, cfg.data)
-        if len(self.train_set) < cfg.data.prompts_per_step:
-            raise ValueError(f"data.train_files hold {len(self.train_set)} usable prompts, fewer than "
-                             f"data.prompts_per_step={cfg.data.prompts_per_step}")
+        data = load_datasets(cfg)  # PreflightError naming key, file, row, value
+        self.tokenizer, self.train_set, self.val_set = data.tokenizer, data.train_set, data.val_set
+        self.data_report, self.data_skip_reasons = data.report, data.skip_reasons
         self.sampler = PromptSampler(len(self.train_set), cfg.data.prompts_per_step, shuffle=cfg.data.shuffle,
                                      seed=cfg.trainer.seed, drop_last=cfg.data.drop_last)
-        self.val_set = None
-        if cfg.data.val_files:
-            self.val_set = PromptDataset(load_rows(cfg.data.val_files, cfg.data), self.tokenizer, cfg.data)
 
     def _save_prompts(self, iteration: int, node: str, indices: list[int], dataset: Any) -> NodeResult:
         batch = dataset.collate(indices)
@@ -159,12 +152,23 @@ class RunState:
 
     # ---- pools ----
     def bring_up_pools(self) -> None:
+        from flows.preflight import check_reward_function
         from flows.runtime import ensure_ray
         from workers.pool import create_pools
 
+        check_reward_function(self.cfg)  # before Ray and the pools: a clear error, not a dead actor
         ensure_ray(self.cfg)
         self.pools = create_pools(self.cfg, namespace=self.namespace, ckpt_root=f"{self.run_dir}/checkpoints")
         self.prepare_validation()
+
+    def tear_down_pools(self) -> None:
+        from workers.pool import destroy_pool
+
+        if self.cfg.placement.keep_pools:
+            return
+        for pool in getattr(self, "pools", {}).values():
+            destroy_pool(pool)
+        self.pools = {}
 
     # ---- reporting ----
     def sample_rows(self, results: dict[str, NodeResult], limit: int = 8) -> list[dict[str, Any]]:
@@ -231,6 +235,9 @@ def open_run(cfg: ExperimentConfig, *, resume: str | None) -> RunState:
         state.mlflow_run_id = info.get("mlflow_run_id")
         state.restore(f"{state.run_dir}/checkpoints")
         return state
+    from flows.preflight import check_run_dir
+
+    check_run_dir(cfg)
     run_id = cfg.trainer.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.algorithm.adv_estimator}"
     run_dir = parent / run_id
     if (run_dir / "run.json").exists():

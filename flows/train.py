@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
 from flows.run_state import RunState, open_run
-from flows.tracking import Tracker
+from flows.tracking import Tracker, redact
 from hybridflow.config import ExperimentConfig, config_from_dict, load_config
 from tasks.checkpoint import checkpoint
 from tasks.common import RunContext, result_storage_path
@@ -67,7 +67,7 @@ def _submit(cfg: ExperimentConfig, task: Any, **kwargs: Any) -> Any:
 def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: Tracker) -> dict[str, float]:
     if state.val_prompts is None:
         return {}
-    res = _submit(cfg, validate, run=run, val_prompts=state.val_prompts)
+    res = _submit(cfg, validate, run=run, val_prompts=state.val_prompts, policy_version=state.policy_version)
     metrics = {k: v for k, v in res["metrics"].items() if k.startswith(("val-core/", "val-aux/", "timing_s/"))}
     tracker.log_metrics(metrics, step=run.iteration)
     state.record_validation(run.iteration, metrics)
@@ -110,6 +110,15 @@ def _checkpoint(cfg: ExperimentConfig, state: RunState, run: RunContext) -> None
     state.last_checkpoint_iteration = run.iteration
 
 
+def _report_data(state: RunState, tracker: Tracker) -> None:
+    """Dataset counts (prompts, skipped bad rows, filtered/truncated overlong prompts) as step-0 metrics."""
+    tracker.log_metrics(state.data_report, step=0)
+    skipped = int(state.data_report.get("data/train_skipped_rows", 0) + state.data_report.get("data/val_skipped_rows", 0))
+    if skipped:
+        get_run_logger().warning("skipped %d bad dataset rows (data.on_bad_row=skip); first: %s",
+                                 skipped, "; ".join(state.data_skip_reasons[:3]))
+
+
 def _train_run_name() -> str:
     params = prefect_flow_run.parameters or {}
     cfg = params.get("config") or {}
@@ -139,15 +148,16 @@ def train(
     tracker = Tracker(cfg, run_name=state.run_id, mlflow_run_id=state.mlflow_run_id,
                       tags={"prefect.flow_run_id": flow_run_id, "hybridflow.run_dir": state.run_dir})
     tracker.set_tag("prefect.flow_run_id", flow_run_id)
-    state.bind(mlflow_run_id=tracker.run_id, mlflow_uri=tracker.uri, prefect_flow_run_id=flow_run_id)
+    state.bind(mlflow_run_id=tracker.run_id, mlflow_uri=redact(tracker.uri), prefect_flow_run_id=flow_run_id)
     logger.info("run %s in %s (MLflow run %s)", state.run_id, state.run_dir, tracker.run_id)
-    state.bring_up_pools()
-    iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
-    base = state.context(0)
-    if cfg.trainer.val_before_train and state.start_iteration == 1:
-        _validate(cfg, state, base, tracker)
+    _report_data(state, tracker)
     status = "FAILED"
     try:
+        state.bring_up_pools()
+        iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
+        base = state.context(0)
+        if cfg.trainer.val_before_train and state.start_iteration == 1:
+            _validate(cfg, state, base, tracker)
         for it in range(state.start_iteration, cfg.trainer.total_iterations + 1):
             prompts = state.next_prompts(it)
             if prompts is None:
@@ -163,10 +173,13 @@ def train(
                 _validate(cfg, state, base.with_iteration(it), tracker)
             if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:
                 _checkpoint(cfg, state, base.with_iteration(it))
+        if state.last_iteration > state.last_checkpoint_iteration:  # data ran out before total_iterations
+            _checkpoint(cfg, state, base.with_iteration(state.last_iteration))
         if cfg.trainer.val_every and state.last_val_iteration != state.last_iteration and state.val_prompts:
             _validate(cfg, state, base.with_iteration(state.last_iteration), tracker)
         status = "FINISHED"
     finally:
+        state.tear_down_pools()
         tracker.log_curves()
         tracker.finish(status)
     summary = state.summary()

@@ -236,6 +236,9 @@ def _default_pools() -> dict[str, PoolConfig]:
 class PlacementConfig(_Section):
     pools: dict[str, PoolConfig] = Field(default_factory=_default_pools, description="Named Ray actor pools.")
     ray_address: str | None = Field(None, description="Ray cluster address ('auto' joins one); None starts local Ray.")
+    keep_pools: bool = Field(
+        False, description="Keep the pools alive after the train flow ends (a cluster serving several runs)."
+    )
     ray_num_cpus: float | None = Field(
         None, gt=0, description="Logical CPUs of a local Ray (None = detected cores)."
     )

@@ -146,6 +146,14 @@ class WorkerHost:
             "restored_from": self.restored_from,
         }
 
+    def shutdown(self) -> None:
+        """Release what workers hold outside this process (e.g. reward process pools)."""
+        for worker in self.workers.values():
+            close = getattr(worker, "close", None)
+            if close is not None:
+                close()
+        self.workers = {}
+
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         if role not in self.workers:
             raise PoolError(
@@ -339,7 +347,13 @@ def ensure_healthy(cfg: ExperimentConfig, pool: Pool, *, ckpt_root: str | None, 
     raise PoolError(f"pool {pool.name!r} did not recover within {wait_s}s: {last}")
 
 
-def destroy_pool(pool: Pool) -> None:
+def destroy_pool(pool: Pool, *, grace_s: float = 30.0) -> None:
+    """Shut the pool's workers down (closing their child processes), then kill its actors and
+    remove its placement group."""
+    try:
+        ray.get([a.shutdown.remote() for a in pool.actors], timeout=grace_s)
+    except Exception:
+        pass
     for a in pool.actors:
         try:
             ray.kill(a, no_restart=True)
