@@ -50,11 +50,31 @@ def print_summary(summary: dict, prefect_url: str | None) -> None:
         console.print(f"  (Prefect API used by this run: {prefect_url})")
 
 
+def _preflight(cfg, resume: str | None) -> None:
+    """Check inputs before starting servers (PreflightError, printed by the CLI, exit 2). A resumed
+    run is checked against its saved config; ``--resume auto`` is checked by the train flow."""
+    from flows.preflight import PreflightError, preflight
+    from hybridflow.config import load_config
+
+    if resume and resume != "auto":
+        saved = Path(resume) / "config.yaml"
+        if not (Path(resume) / "run.json").is_file() or not saved.is_file():
+            raise PreflightError(f"--resume {resume}: not a run directory (no run.json / config.yaml)")
+        cfg = load_config(saved)
+    elif resume == "auto":
+        return
+    report = preflight(cfg)
+    skipped = int(report.get("data/train_skipped_rows", 0) + report.get("data/val_skipped_rows", 0))
+    if skipped:
+        print(f"skipping {skipped} bad dataset rows (data.on_bad_row=skip)", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from hybridflow.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # fails fast with a readable ConfigError
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _preflight(cfg, args.resume)  # data, model, reward function, run dir: before any server starts
     from flows.runtime import ensure_prefect_api
 
     home = args.prefect_home or str(Path(cfg.trainer.run_dir).resolve() / ".prefect")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,13 @@ from typing import Any
 from hybridflow.config import ExperimentConfig, dump_config, flatten_config
 
 SECRET_MARKERS = ("password", "secret", "token", "api_key", "credential")
+_URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*)(?::[^/@\s]*)?@")
+
+
+def redact(text: str) -> str:
+    """Drop credentials embedded in URIs (``http://user:pass@host`` → ``http://***@host``), so a
+    tracking URI or Ray address given with a password never lands in MLflow params/artifacts."""
+    return _URI_USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
 
 
 def tracking_uri(cfg: ExperimentConfig) -> str:
@@ -50,7 +58,7 @@ class Tracker:
             run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags or {})
             self.run_id = run.info.run_id
             self._log_params(cfg)
-            self._log_text(dump_config(cfg), "config.yaml")
+            self._log_text(redact(dump_config(cfg)), "config.yaml")
         self.history: list[tuple[int, dict[str, float]]] = []
 
     def _log_params(self, cfg: ExperimentConfig) -> None:
@@ -60,7 +68,7 @@ class Tracker:
         for k, v in flatten_config(cfg).items():
             if any(m in k.lower() for m in SECRET_MARKERS):
                 continue  # secrets come from the environment and are never logged
-            params.append(Param(k, str(v)[:6000]))
+            params.append(Param(k, redact(str(v))[:6000]))
         for i in range(0, len(params), 100):
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 

@@ -28,10 +28,15 @@ def _validation_metrics(scored: Batch, k: int) -> dict[str, float]:
 
 
 @node(name="validate", retries=1)
-def validate(run: RunContext, val_prompts: Batch) -> tuple[Batch, dict]:
-    """Returns the scored validation generations and val-core metrics."""
+def validate(run: RunContext, val_prompts: Batch, policy_version: int | None = None) -> tuple[Batch, dict]:
+    """Returns the scored validation generations and val-core metrics. policy_version: the
+    weights_version to evaluate (a restarted worker is brought to it first)."""
+    from tasks.update import sync_to_version
+
     cfg = run.cfg()
-    gen = pool_of(run, "policy").call(
+    policy = pool_of(run, "policy")
+    sync_to_version(run, "policy", policy, policy_version)
+    gen = policy.call(
         "policy", "generate_sequences", val_prompts, seed=run.node_seed("validate"), validate=True
     )
     gen.meta.pop("metrics", None)

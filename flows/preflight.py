@@ -1,0 +1,172 @@
+"""Checks that run before anything heavy (Prefect server, Ray, model weights, pools) starts.
+
+Each failure is a :class:`PreflightError` (a :class:`~hybridflow.config.ConfigError`, so
+``hybridflow train`` prints it as one readable message and exits 2) that names the config
+key, the value and what is wrong:
+
+- ``trainer.run_dir`` cannot be created or written;
+- ``model.path`` / ``model.tokenizer_path`` / ``critic.model_path`` does not exist;
+- the tokenizer has no chat template while ``data.apply_chat_template`` is on;
+- a file of ``data.train_files`` / ``data.val_files`` is missing, not parquet/jsonl, has a bad
+  row (unless ``data.on_bad_row=skip``: then the rows are skipped and counted) or a prompt
+  longer than ``data.max_prompt_tokens`` (policy ``error``);
+- fewer usable prompts than ``data.prompts_per_step``;
+- ``reward.function`` does not import (loaded in a throw-away reward process, as the reward
+  pool will load it, so an import that crashes cannot take the caller down).
+
+The CLI runs :func:`preflight` before it starts servers; the train flow runs the same
+checks (:func:`load_datasets`, :func:`check_run_dir`, :func:`check_reward_function`) before
+it brings up the pools, so a run started from a Prefect deployment fails as early.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybridflow.config import ConfigError, ExperimentConfig
+
+
+class PreflightError(ConfigError):
+    """A run cannot start: names the config key, the value and the problem."""
+
+
+@dataclass
+class Datasets:
+    """What :func:`load_datasets` built, and what it skipped (``report``: counts by name)."""
+
+    tokenizer: Any
+    train_set: Any
+    val_set: Any | None
+    report: dict[str, float] = field(default_factory=dict)
+    skip_reasons: list[str] = field(default_factory=list)
+
+
+def check_run_dir(cfg: ExperimentConfig) -> Path:
+    """Create ``trainer.run_dir`` if needed and prove it is writable (a probe file is written and
+    removed). Returns the folder. Raises PreflightError naming the folder and the OS error."""
+    parent = Path(cfg.trainer.run_dir)
+    probe = parent / f".hybridflow-write-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise PreflightError(
+            f"trainer.run_dir={cfg.trainer.run_dir!r} is not writable ({e.strerror or e}); "
+            "point trainer.run_dir at a folder this process can create and write"
+        ) from None
+    return parent
+
+
+def check_models(cfg: ExperimentConfig) -> None:
+    """Resolve every model location the run will load (offline; nothing is read yet)."""
+    from hybridflow.models.resolve import resolve_model_path
+
+    keys = [("model.path", cfg.model.path), ("model.tokenizer_path", cfg.model.tokenizer_path)]
+    if cfg.needs_critic:
+        keys.append(("critic.model_path", cfg.critic.model_path))
+    for key, value in keys:
+        if value is None:
+            continue
+        try:
+            resolve_model_path(value)
+        except (FileNotFoundError, ValueError) as e:
+            raise PreflightError(f"{key}={value!r}: {e}") from None
+
+
+def _load_split(key: str, files: list[str], cfg: ExperimentConfig, tokenizer: Any) -> tuple[Any, Any]:
+    from hybridflow.data import PromptDataset, load_rows
+    from hybridflow.data.io import read_records
+
+    for path in files:  # attribute an unreadable file (e.g. a .parquet that is not parquet) to its path
+        try:
+            read_records(path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises its own types
+            raise PreflightError(f"{key}: cannot read {path!r}: {type(e).__name__}: {e}") from None
+    try:
+        rows = load_rows(files, cfg.data)
+        return rows, PromptDataset(rows, tokenizer, cfg.data)
+    except ValueError as e:  # BadRowError, OverlongPromptError, DataFileError
+        raise PreflightError(f"{key}: {e}") from None
+
+
+def _check_chat_template(cfg: ExperimentConfig, tokenizer: Any) -> None:
+    if cfg.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        key = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
+        value = cfg.model.tokenizer_path or cfg.model.path
+        raise PreflightError(
+            f"{key}={value!r}: the tokenizer has no chat template, but data.apply_chat_template=true "
+            "renders chat messages with it; use a tokenizer with a chat template, or set "
+            "data.apply_chat_template=false with plain-string prompts"
+        )
+
+
+def load_datasets(cfg: ExperimentConfig) -> Datasets:
+    """The tokenizer and the tokenised train (and validation) prompts, every input error a
+    PreflightError. ``report``: data/train_prompts, data/train_skipped_rows,
+    data/train_filtered_overlong, data/train_truncated (and data/val_* when there is a
+    validation set)."""
+    from hybridflow.models import load_tokenizer
+
+    if not cfg.data.train_files:
+        raise PreflightError("data.train_files is empty: give at least one parquet/jsonl file")
+    check_models(cfg)
+    try:
+        tokenizer = load_tokenizer(cfg.model)
+    except (OSError, ValueError) as e:
+        raise PreflightError(f"model.path={cfg.model.path!r}: cannot load the tokenizer: {e}") from None
+    _check_chat_template(cfg, tokenizer)
+    out = Datasets(tokenizer, None, None)
+    for split, key, files in (("train", "data.train_files", cfg.data.train_files),
+                              ("val", "data.val_files", cfg.data.val_files)):  # fmt: skip
+        if not files:
+            continue
+        rows, dataset = _load_split(key, files, cfg, tokenizer)
+        out.report.update({f"data/{split}_prompts": float(len(dataset)),
+                           f"data/{split}_skipped_rows": float(rows.skipped),
+                           f"data/{split}_filtered_overlong": float(dataset.filtered),
+                           f"data/{split}_truncated": float(dataset.truncated)})  # fmt: skip
+        out.skip_reasons += rows.skip_reasons
+        if split == "train":
+            out.train_set = dataset
+        else:
+            out.val_set = dataset
+    n, per_step = len(out.train_set), cfg.data.prompts_per_step
+    if n < per_step:
+        raise PreflightError(
+            f"data.prompts_per_step={per_step} but data.train_files hold {n} usable prompts "
+            f"({int(out.report['data/train_skipped_rows'])} bad rows skipped, "
+            f"{int(out.report['data/train_filtered_overlong'])} overlong filtered)"
+        )
+    return out
+
+
+def check_reward_function(cfg: ExperimentConfig) -> None:
+    """Load ``reward.function`` in one throw-away reward process (as the reward pool will).
+    Rule rewards (no function) need nothing. Raises PreflightError with the loader's message."""
+    if cfg.reward.function is None:
+        return
+    from hybridflow.rewards import RewardExecutor
+
+    executor = RewardExecutor(cfg.reward.model_copy(update={"num_workers": 1}), plugins=cfg.trainer.plugins)
+    try:
+        executor.start()
+    except ImportError as e:  # RewardLoadError: its message names reward.function and the cause
+        raise PreflightError(str(e)) from None
+    finally:
+        executor.close()
+
+
+def preflight(cfg: ExperimentConfig) -> dict[str, float]:
+    """Every check above, cheapest first. Returns the data report (counts of skipped rows...)."""
+    check_run_dir(cfg)
+    data = load_datasets(cfg)
+    check_reward_function(cfg)
+    return data.report
+
+
+__all__ = ["PreflightError", "Datasets", "preflight", "check_run_dir", "check_models", "load_datasets",
+           "check_reward_function"]
