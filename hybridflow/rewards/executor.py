@@ -156,12 +156,14 @@ class RewardExecutor:
             logger.warning(line)
         keys = sorted({k for e in extras for k in e})
         extra = {k: [e.get(k) for e in extras] for k in keys}
-        metrics = _metrics(items, scores, failures, extras)
+        metrics = reward_metrics(items, scores, failures, extras)
         return RewardResults(scores, extra, failures, metrics, logs)
 
 
-def _metrics(items: list[RewardItem], scores: list[float], failures: list[str | None],
-             extras: list[dict[str, Any]]) -> dict[str, float]:  # fmt: skip
+def reward_metrics(items: list[RewardItem], scores: list[float], failures: list[str | None],
+                   extras: list[dict[str, Any]]) -> dict[str, float]:  # fmt: skip
+    """The metrics of :class:`RewardResults` (module docstring) from per-row results; public so a
+    data-parallel reward pool can compute them over the rows of all its ranks."""
     metrics = {name: float(sum(f == kind for f in failures)) for kind, name in FAILURE_METRICS.items()}
     metrics["reward/score/mean"] = sum(scores) / len(scores)
     by_source: dict[str, list[int]] = defaultdict(list)
@@ -182,4 +184,6 @@ def _metrics(items: list[RewardItem], scores: list[float], failures: list[str | 
     return metrics
 
 
-__all__ = ["RewardExecutor", "RewardItem", "RewardResults", "FAILURE_METRICS"]
+_metrics = reward_metrics  # the name workers/reward.py imported first
+
+__all__ = ["reward_metrics", "RewardExecutor", "RewardItem", "RewardResults", "FAILURE_METRICS"]
