@@ -19,7 +19,13 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# the demo's data: generated arithmetic (difficulty 1: base model ~25-30% greedy), held-out test split
+ARITH := data/arith/train.parquet
+$(ARITH): | $(STAMP)
+	$(BIN)/hybridflow data arith --n 1500 --difficulty 1 --seed 0 --out $@ \
+		--test-out data/arith/test.parquet --test-n 200
+
+demo: $(STAMP) $(ARITH)
 	$(BIN)/hybridflow train -c examples/grpo_arith.yaml
 
 test: $(STAMP)

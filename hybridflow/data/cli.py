@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--n", type=int, default=1000, help="number of problems (default: 1000)")
     a.add_argument("--difficulty", type=int, default=1, help="0 (7 + 5) .. 5 (three-step word problems); default 1")
     a.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    a.add_argument("--test-out", default=None,
+                   help="also write a held-out split here: problems whose question is not in --out")
+    a.add_argument("--test-n", type=int, default=256, help="size of the held-out split (default: 256)")
     c = sub.add_parser("countdown", help="TinyZero's Countdown: reach a target with + - * /")
     c.add_argument("--n", type=int, default=1000, help="number of problems (default: 1000)")
     c.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
@@ -32,6 +35,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--max-target", type=int, default=100, help="largest target (default: 100)")
     for p in (g, a, c):
         p.add_argument("--out", "-o", required=True, help="output file: .parquet or .jsonl (any fsspec URI)")
+
+
+def held_out(train: list, candidates: list, n: int) -> list:
+    """The first ``n`` candidates whose question text is not in ``train`` (deduplicated).
+    Raises ValueError when the problem space is too small to hold ``n`` unseen problems."""
+    seen = {r["prompt"][-1]["content"] for r in train}
+    out = []
+    for r in candidates:
+        q = r["prompt"][-1]["content"]
+        if q not in seen:
+            seen.add(q)
+            out.append(r)
+            if len(out) == n:
+                return out
+    raise ValueError(f"only {len(out)} problems outside the training set exist at this difficulty; lower --test-n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
             rows = rows[: args.limit] if args.limit is not None else rows
         elif args.task == "arith":
             rows = make_arith(args.n, difficulty=args.difficulty, seed=args.seed)
+            if args.test_out:
+                test = held_out(rows, make_arith(args.n + 20 * args.test_n, difficulty=args.difficulty,
+                                                 seed=args.seed + 1), args.test_n)
+                write_rows(test, args.test_out)
+                print(f"wrote {len(test)} held-out arith rows (no question shared with --out) to {args.test_out}")
         else:
             rows = make_countdown(args.n, seed=args.seed, min_numbers=args.min_numbers, max_numbers=args.max_numbers,
                                   max_number=args.max_number, max_target=args.max_target)  # fmt: skip

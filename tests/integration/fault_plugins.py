@@ -1,0 +1,27 @@
+"""Test-only fault injection: a pass-through node between reward and advantage that fails while
+``<run_dir>/fail_plan.json`` says so (iteration, failures left)."""
+
+import json
+from pathlib import Path
+
+from flows.dataflow import DataFlow, node
+from flows.iteration import builtin_nodes, flow_inputs
+from hybridflow.batch import Batch
+
+
+@node(name="gate", overrides=("reward",), retries=1, retry_delay_s=0.5)
+def gate(run, reward: Batch) -> Batch:
+    plan_path = Path(run.run_dir) / "fail_plan.json"
+    if plan_path.exists():
+        plan = json.loads(plan_path.read_text())
+        if plan["iteration"] == run.iteration and plan["failures"] > 0:
+            plan["failures"] -= 1
+            plan_path.write_text(json.dumps(plan))
+            raise RuntimeError(f"injected failure in iteration {run.iteration}")
+    return reward
+
+
+def build_dataflow(cfg):
+    nodes = builtin_nodes(cfg)
+    at = [n.name for n in nodes].index("advantage")
+    return DataFlow(nodes[:at] + [gate] + nodes[at:], inputs=flow_inputs(cfg))

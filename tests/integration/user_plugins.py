@@ -1,0 +1,42 @@
+"""User code exactly as docs/extending.md shows it: a new advantage estimator and a new node.
+
+Selected by config: `algorithm.adv_estimator=grpo_median`, `trainer.plugins=[tests.integration.user_plugins]`,
+`trainer.dataflow=tests.integration.user_plugins:build_dataflow`.
+"""
+
+import torch
+
+from flows.dataflow import DataFlow, node
+from flows.iteration import builtin_nodes, flow_inputs
+from hybridflow.algorithms import register_advantage_estimator
+from hybridflow.batch import Batch
+
+
+@register_advantage_estimator("grpo_median")
+def grpo_median(token_level_rewards, response_mask, *, uid=None, **options):
+    """GRPO with the group median as baseline: A_i = r_i − median(r_group), broadcast over tokens."""
+    scores = (token_level_rewards * response_mask).sum(-1)
+    labels = torch.as_tensor([hash(u) for u in uid]) if not torch.is_tensor(uid) else uid
+    adv = torch.empty_like(scores)
+    for label in labels.unique():  # groups are few; samples within a group are vectorised
+        members = labels == label
+        adv[members] = scores[members] - scores[members].median()
+    advantages = adv[:, None] * response_mask
+    return advantages, advantages.clone()
+
+
+@node(name="keep_informative_groups", overrides=("rollout", "reward"))
+def keep_informative_groups(run, rollout: Batch, reward: Batch):
+    """Drop groups whose samples all got the same score (no learning signal; DAPO dynamic sampling)."""
+    joined = rollout.union(reward)
+    scores = joined["token_level_scores"].sum(-1)
+    keep = [i for g in joined.groups() if scores[g].unique().numel() > 1 for i in g]
+    if not keep:  # nothing informative: keep everything rather than train on an empty batch
+        return joined, {"keep_informative_groups/kept": 0.0}
+    return joined.index(keep), {"keep_informative_groups/kept": len(keep) / len(joined)}
+
+
+def build_dataflow(cfg):
+    nodes = builtin_nodes(cfg)
+    at = [n.name for n in nodes].index("advantage")
+    return DataFlow(nodes[:at] + [keep_informative_groups] + nodes[at:], inputs=flow_inputs(cfg))
