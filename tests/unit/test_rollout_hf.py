@@ -154,3 +154,20 @@ def test_load_weights_is_a_noop_on_the_shared_module_and_copies_otherwise():
     assert all(torch.equal(a, b) for a, b in zip(separate.parameters(), trainer_model.parameters(), strict=True))
     with pytest.raises(KeyError, match="no weight 'nope'"):
         engine.load_weights({"nope": torch.zeros(1)})
+
+
+def test_lora_model_log_probs_match_recompute_with_adapters_on():
+    from hybridflow.config import ModelConfig
+    from hybridflow.models import apply_lora
+
+    lora = apply_lora(build_tiny_model(len(TOK), seed=0), ModelConfig(path="tiny", lora_rank=4)).eval()
+    with torch.no_grad():  # non-zero B, as after some training
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    ids, mask = prompts(["ab", "hello"])
+    sampling = SamplingParams(max_new_tokens=8, stop_token_ids=STOPS, n=2, seed=1)
+    out = HFRolloutEngine(lora, TOK).generate(ids, mask, sampling)
+    assert (out.rollout_log_probs - recompute(lora, ids, mask, out, 2, 1.0)).abs().max().item() < 1e-4
+    base = build_tiny_model(len(TOK), seed=0).eval()
+    assert (out.rollout_log_probs - recompute(base, ids, mask, out, 2, 1.0)).abs().max().item() > 1e-2
