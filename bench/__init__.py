@@ -1,0 +1,1 @@
+"""Benchmarks (``hybridflow bench NAME``): measurements written to bench/results/ and docs/benchmarks.md."""

@@ -1,0 +1,224 @@
+"""What the benchmarks share: environment capture, alternating timed runs, result files,
+the markdown sections of docs/benchmarks.md, the demo model and its prompts.
+
+Benchmarks are measurements, never tests: nothing here asserts a speed. Every result
+records the machine's load average, because on a shared 2-core box the load moves every
+number; compare ratios from one alternating run, not absolute times across runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # scripts run as files (python bench/x.py) import the repo's packages
+    sys.path.insert(0, str(ROOT))
+
+RESULTS_DIR = ROOT / "bench" / "results"
+DOCS_PATH = ROOT / "docs" / "benchmarks.md"
+DEMO_MODEL = "smollm2-135m-instruct"
+
+
+# ---- environment ---------------------------------------------------------------------------------
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, Any]:
+    """Machine facts every result carries: CPU, cores, torch version and threads, load average."""
+    import torch
+
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def set_threads(threads: int | None) -> int:
+    """Set torch intra-op threads (None: leave torch's choice). Returns the count in force."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+# ---- timing --------------------------------------------------------------------------------------
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    """{min, median, max, n} of a non-empty sequence."""
+    if not values:
+        raise ValueError("stats of no values")
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """(seconds, result) of one call, wall clock."""
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def alternate(runs: dict[str, Callable[[], Any]], repeats: int, *, warmup: bool = True) -> dict[str, list[Any]]:
+    """Call each of ``runs`` ``repeats`` times, interleaved A B, B A, A B, ... so that drift in
+    the machine's load hits every side alike. Each callable returns its measurement (or None to
+    be timed here: the wall seconds are recorded). ``warmup``: one untimed call of each first.
+    Returns {name: [measurement per repeat]}."""
+    names = list(runs)
+    if warmup:
+        for name in names:
+            runs[name]()
+    out: dict[str, list[Any]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            seconds, value = timed(runs[name])
+            out[name].append(seconds if value is None else value)
+    return out
+
+
+# ---- results -------------------------------------------------------------------------------------
+
+
+def write_result(name: str, data: dict[str, Any], out: str | Path | None = None) -> Path:
+    """Write ``data`` plus the environment to ``bench/results/<name>.json`` (or ``out``)."""
+    path = Path(out) if out else RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **data}, indent=2))
+    return path
+
+
+def write_result_and_render(name: str, data: dict[str, Any], render: Callable[[dict[str, Any]], str], *,
+                            out: str | Path | None = None, docs: bool = True) -> dict[str, Any]:
+    """Write the JSON result, print its markdown, and put it into docs/benchmarks.md (``docs``).
+    Returns the result as written (with its ``environment``)."""
+    path = write_result(name, data, out)
+    res = json.loads(path.read_text())
+    text = render(res)
+    print(text)
+    if docs:
+        update_docs_section(name, text)
+    print(f"\nwritten to {path}")
+    return res
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A GitHub markdown table; floats formatted by the caller. ``align``: one of 'l'/'r' per column."""
+    align = align or "l" + "r" * (len(header) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def update_docs_section(name: str, body: str, docs: str | Path | None = None) -> Path:
+    """Replace the generated block of ``name`` in docs/benchmarks.md (between
+    ``<!-- bench:NAME:begin -->`` and ``<!-- bench:NAME:end -->``), appending a new section
+    when the markers are absent. Text outside the markers (the analysis) is left alone."""
+    path = Path(docs) if docs else DOCS_PATH
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + f"\n\n## {name}\n\n{block}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def measured_under(env: dict[str, Any]) -> str:
+    """One line saying where and under what load a result was measured."""
+    load = env["load_avg"]
+    return (f"Measured {env['date']} on {env['cpu']} ({env['cores']} cores), torch {env['torch']} with "
+            f"{env['torch_threads']} threads; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min).")
+
+
+# ---- model and prompts ---------------------------------------------------------------------------
+
+
+def load_model(path: str = DEMO_MODEL, *, seed: int = 0, tiny_hidden: int = 32, tiny_layers: int = 2):
+    """(model in eval mode, tokenizer) of ``model.path`` in float32 on CPU, dropout off."""
+    from hybridflow.config import ModelConfig
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from workers.training import disable_dropout
+
+    cfg = ModelConfig(path=path, tiny_hidden_size=tiny_hidden, tiny_layers=tiny_layers)
+    model = disable_dropout(load_causal_lm(cfg, seed=seed)).eval()
+    return model, load_tokenizer(cfg)
+
+
+def arith_rows(n: int, *, seed: int = 0, difficulty: int = 1) -> list[dict[str, Any]]:
+    """``n`` verl-format arithmetic rows (chat prompt, ground truth)."""
+    from hybridflow.data.tasks import make_arith
+
+    return make_arith(n, difficulty=difficulty, seed=seed)
+
+
+def write_arith_file(path: str | Path, n: int, *, seed: int = 0) -> str:
+    """Write ``n`` arithmetic rows as a verl-format parquet/jsonl file (by suffix); returns the path."""
+    from hybridflow.data import write_rows
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_rows(arith_rows(n, seed=seed), str(path))
+    return str(path)
+
+
+def prompt_dataset(tokenizer: Any, n: int, *, seed: int = 0, workdir: str | Path | None = None):
+    """hybridflow's PromptDataset of ``n`` chat-templated arithmetic prompts."""
+    import tempfile
+
+    from hybridflow.config import DataConfig
+    from hybridflow.data import PromptDataset, load_rows
+
+    with tempfile.TemporaryDirectory(dir=workdir) as d:
+        cfg = DataConfig()
+        rows = load_rows([write_arith_file(Path(d) / "prompts.jsonl", n, seed=seed)], cfg)
+        return PromptDataset(rows, tokenizer, cfg)
+
+
+def prompt_batch(tokenizer: Any, n: int, *, seed: int = 0):
+    """(prompt_ids [n, P] int64 left padded, prompt_mask [n, P] bool) of ``n`` chat-templated
+    arithmetic prompts, built exactly as the train flow builds them."""
+    batch = prompt_dataset(tokenizer, n, seed=seed).collate(list(range(n)))
+    return batch["prompt_ids"], batch["prompt_mask"]
+
+
+def model_flops_per_token(model: Any) -> dict[str, float]:
+    """Matmul FLOPs of one token's forward pass, by the 2·N rule plus attention scores.
+
+    N counts every weight a token multiplies (the LM head included even when tied to the
+    embedding; the embedding lookup itself is free). Returns {"dense": 2·N,
+    "attn_per_ctx": FLOPs per token per context position (QKᵀ and AV: 4·layers·heads·head_dim)}.
+    Training is 3× the forward (backward = 2× forward), the PaLM/Chinchilla convention.
+    """
+    cfg = model.config
+    embed = cfg.vocab_size * cfg.hidden_size
+    n = sum(p.numel() for p in model.parameters())
+    if not getattr(cfg, "tie_word_embeddings", False):
+        n -= embed  # the input embedding is a lookup; the separate lm_head stays counted
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return {"dense": 2.0 * n, "attn_per_ctx": 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim}

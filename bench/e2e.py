@@ -1,0 +1,225 @@
+"""One GRPO iteration end to end: hybridflow (Prefect + Ray pools) against TRL's GRPOTrainer.
+
+    hybridflow bench e2e [--repeats 3] [--runners ray,thread] [--prompts-per-step 8]
+                         [--samples-per-prompt 4] [--max-response-tokens 64] [--mini 16] [--micro 4]
+
+Same model (float32), same prompts in the same order (chat-templated arithmetic, no shuffle),
+same samples per prompt, max response tokens, temperature 1 with no top-k/top-p, mini-batch
+(one optimizer step per ``--mini`` trajectories) and micro-batch (gradient accumulation), one
+epoch, no KL so no reference model, lr 1e-6 constant, grad clip 1, the same rule reward.
+TRL: ``use_vllm=False, bf16=False, gradient_checkpointing=False``, ``beta=0``,
+``steps_per_generation = trajectories / micro`` so one generation feeds exactly one iteration's
+optimizer steps; both frameworks then compute old log-probs with an extra forward pass.
+
+Runs alternate inside TRL's own training loop: a callback at the end of each TRL iteration runs
+one hybridflow iteration per ``--runners`` entry (the Prefect task runner), so every side sees
+the same machine state; the first round is a warm-up and is dropped. Tokens/s = (prompt +
+response tokens) / iteration wall time; the ratio is hybridflow ÷ TRL within each round.
+Writes bench/results/e2e.json and the ``e2e`` table of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+from bench.harness import HybridflowRunner, Settings, hybridflow_phases  # noqa: E402
+
+
+def arith_reward(completions: list, ground_truth: list, data_source: list, **_: Any) -> list[float]:
+    """TRL reward function: hybridflow's rule reward on each decoded completion."""
+    from hybridflow.rewards.registry import default_compute_score
+
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(default_compute_score(ds, t, gt)["score"])
+            for t, gt, ds in zip(texts, ground_truth, data_source, strict=True)]
+
+
+def _timed_method(obj: Any, name: str, acc: dict[str, float], key: str, on_result=None) -> None:
+    original = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            out = original(*args, **kwargs)
+        finally:
+            acc[key] += time.perf_counter() - t0
+        if on_result is not None:
+            on_result(out)
+        return out
+
+    setattr(obj, name, wrapper)
+
+
+def trl_config(s: Settings, output_dir: str, iterations: int):
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=output_dir, per_device_train_batch_size=s.micro_batch_trajectories,
+        gradient_accumulation_steps=s.mini_batch_trajectories // s.micro_batch_trajectories,
+        steps_per_generation=s.trajectories // s.micro_batch_trajectories, num_generations=s.samples_per_prompt,
+        max_completion_length=s.max_response_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
+        num_iterations=1, loss_type="dapo", learning_rate=s.lr, lr_scheduler_type="constant", weight_decay=0.0,
+        max_grad_norm=1.0, bf16=False, fp16=False, use_vllm=False, gradient_checkpointing=False, use_cpu=True,
+        report_to="none", save_strategy="no", logging_steps=10**6, disable_tqdm=True, shuffle_dataset=False,
+        max_steps=iterations * (s.trajectories // s.mini_batch_trajectories), seed=s.seed,
+        dataloader_num_workers=0,
+    )
+
+
+class Alternation:
+    """The TRL callback that closes each TRL iteration's timing and runs the hybridflow ones."""
+
+    def __init__(self, steps_per_iteration: int, runner: HybridflowRunner, task_runners: list[str]):
+        self.steps = steps_per_iteration
+        self.runner, self.task_runners = runner, task_runners
+        self.acc: dict[str, float] = defaultdict(float)
+        self.rounds: list[dict[str, Any]] = []
+        self.t0 = 0.0
+
+    def record_tokens(self, out: dict) -> None:
+        self.acc["tokens"] += float(out["prompt_mask"].sum() + out["completion_mask"].sum())
+        self.acc["response_tokens"] += float(out["completion_mask"].sum())
+
+    def start(self) -> None:
+        self.acc.clear()
+        self.t0 = time.perf_counter()
+
+    def end_of_step(self, global_step: int) -> None:
+        if global_step % self.steps:
+            return
+        wall = time.perf_counter() - self.t0
+        a = dict(self.acc)
+        rollout = a.get("rollout_total", 0.0)
+        trl = {"wall_s": wall, "tokens": a.get("tokens", 0.0), "response_tokens": a.get("response_tokens", 0.0),
+               "phases": {"generate": a.get("generate", 0.0), "reward": a.get("reward", 0.0),
+                          "old_log_probs_and_advantages": rollout - a.get("generate", 0.0) - a.get("reward", 0.0),
+                          "update": wall - rollout}}
+        row: dict[str, Any] = {"trl": trl}
+        for tr in self.task_runners:
+            out = self.runner.iteration(tr)
+            row[f"hybridflow_{tr}"] = {"wall_s": out["wall_s"], "tokens": out["tokens"],
+                                       "response_tokens": out["response_tokens"],
+                                       "phases": hybridflow_phases(out["metrics"], out["wall_s"])}
+        self.rounds.append(row)
+        print(f"round {len(self.rounds)}: " + ", ".join(
+            f"{k} {v['wall_s']:.1f}s {v['tokens'] / v['wall_s']:.1f} tok/s" for k, v in row.items()), flush=True)
+        self.start()
+
+
+def run_trl(s: Settings, rows: list[dict], iterations: int, alt: Alternation) -> None:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    model, tok = common.load_model(s.model, seed=s.seed)
+    data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"],
+                               "data_source": r["data_source"]} for r in rows])
+
+    class Callback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            alt.start()
+
+        def on_step_end(self, args, state, control, **kw):
+            alt.end_of_step(state.global_step)
+
+    with tempfile.TemporaryDirectory(prefix="trl-bench-") as out_dir:
+        trainer = GRPOTrainer(model=model, reward_funcs=arith_reward, args=trl_config(s, out_dir, iterations),
+                              train_dataset=data, processing_class=tok, callbacks=[Callback()])
+        _timed_method(trainer, "_generate", alt.acc, "generate")
+        _timed_method(trainer, "_calculate_rewards", alt.acc, "reward")
+        _timed_method(trainer, "_generate_and_score_completions", alt.acc, "rollout_total", alt.record_tokens)
+        trainer.train()
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    sides = list(rounds[0])
+    out: dict[str, Any] = {"sides": {}, "ratios": {}}
+    for side in sides:
+        walls = [r[side]["wall_s"] for r in rounds]
+        tps = [r[side]["tokens"] / r[side]["wall_s"] for r in rounds]
+        phases = {k: common.stats([r[side]["phases"][k] for r in rounds]) for k in rounds[0][side]["phases"]}
+        out["sides"][side] = {"wall_s": common.stats(walls), "tokens_per_s": common.stats(tps),
+                              "response_tokens": common.stats([r[side]["response_tokens"] for r in rounds]),
+                              "phases_s": phases}
+    for side in sides:
+        if side != "trl":
+            out["ratios"][side] = common.stats([(r[side]["tokens"] / r[side]["wall_s"])
+                                                / (r["trl"]["tokens"] / r["trl"]["wall_s"]) for r in rounds])
+    return out
+
+
+def measure(s: Settings, repeats: int, task_runners: list[str]) -> dict[str, Any]:
+    rows = common.arith_rows(256, seed=s.seed)
+    runner = HybridflowRunner(s, prompts=256).start()
+    try:
+        alt = Alternation(s.trajectories // s.mini_batch_trajectories, runner, task_runners)
+        run_trl(s, rows, repeats + 1, alt)
+    finally:
+        runner.stop()
+    rounds = alt.rounds[1:]  # the first round warms both sides up
+    return {"settings": vars(s) | {"trajectories": s.trajectories}, "repeats": len(rounds),
+            "task_runners": task_runners, "rounds": rounds, "warmup_round": alt.rounds[0], **summarize(rounds)}
+
+
+def render(res: dict) -> str:
+    s = res["settings"]
+    head = (common.measured_under(res["environment"]) + f" Model `{s['model']}`; {s['prompts_per_step']} prompts × "
+            f"{s['samples_per_prompt']} samples, ≤ {s['max_response_tokens']} new tokens, mini-batch "
+            f"{s['mini_batch_trajectories']}, micro-batch {s['micro_batch_trajectories']}, {s['threads']} torch threads "
+            f"on each side; {res['repeats']} alternating rounds after one warm-up round.")
+    rows = []
+    for side, v in res["sides"].items():
+        ph = {k: x["median"] for k, x in v["phases_s"].items()}
+        if side == "trl":
+            gen, other = ph["generate"] + ph["old_log_probs_and_advantages"], "—"
+        else:
+            gen, other = ph["rollout"] + ph["advantage"], f"{ph['other']:.1f}"
+        ratio = res["ratios"].get(side)
+        rows.append((side.replace("_", " (") + (")" if "_" in side else ""),
+                     f"{v['tokens_per_s']['median']:.1f}", f"{v['wall_s']['median']:.1f}",
+                     f"{v['response_tokens']['median']:.0f}", f"{gen:.1f}", f"{ph['reward']:.2f}", f"{ph['update']:.1f}", other,
+                     "1" if ratio is None else f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f})"))
+    table = common.markdown_table(
+        ["framework (task runner)", "tokens/s", "iteration s", "response tokens", "rollout + old log-probs s",
+         "reward s", "update s", "orchestration s", "÷ TRL tokens/s, median (min–max)"], rows)
+    return head + "\n\n" + table
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=common.DEMO_MODEL)
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--samples-per-prompt", type=int, default=4)
+    p.add_argument("--max-response-tokens", type=int, default=64)
+    p.add_argument("--mini", type=int, default=16, help="trajectories per optimizer step")
+    p.add_argument("--micro", type=int, default=4, help="trajectories per forward/backward")
+    p.add_argument("--threads", type=int, default=2, help="torch threads on each side")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up round)")
+    p.add_argument("--runners", type=_csv, default=["ray", "thread"], help="hybridflow task runners to alternate")
+    p.add_argument("--out", default=None)
+    p.add_argument("--no-docs", action="store_true")
+    args = p.parse_args(argv)
+    common.set_threads(args.threads)
+    s = Settings(model=args.model, prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
+                 max_response_tokens=args.max_response_tokens, mini_batch_trajectories=args.mini,
+                 micro_batch_trajectories=args.micro, threads=args.threads)
+    common.write_result_and_render("e2e", measure(s, args.repeats, args.runners), render, out=args.out,
+                                   docs=not args.no_docs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""Generation throughput: the ``hf`` rollout engine against a bare transformers ``generate`` loop.
+
+    hybridflow bench rollout [--batches 1,8,64] [--lengths 64,256] [--repeats 3] [--model PATH]
+
+Both sides generate from the same left-padded chat prompts with the same model object in one
+process, sampling at temperature 1 with no top-k/top-p and no stop token, so every row makes
+exactly ``length`` tokens and tokens/s = batch × length / wall seconds (prefill included).
+Runs alternate (hf, bare, bare, hf, ...) cell by cell. The engine also returns each token's
+log-prob (one log-softmax per step); the bare loop returns tokens only — as TRL's
+non-vLLM path does, which then recomputes log-probs with an extra forward pass.
+
+Decode-bound limit: every decode step reads all weights once, so a step takes at least
+max(weight bytes / read bandwidth, batch × FLOPs per token / peak GFLOP/s); the limit is
+batch / that time (from bench/results/peak.json; run ``hybridflow bench peak`` first).
+Writes bench/results/rollout.json and the ``rollout`` table of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+
+def bare_generate(model, ids, mask, length: int, pad_id: int, seed: int):
+    """What a user writes: ``model.generate(do_sample=True)`` at T = 1, no top-k/top-p, no EOS stop."""
+    import torch
+    from transformers import GenerationConfig
+
+    torch.manual_seed(seed)
+    saved, model.generation_config = model.generation_config, GenerationConfig()
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, max_new_tokens=length, min_new_tokens=0,
+                                 pad_token_id=pad_id, eos_token_id=None)
+    finally:
+        model.generation_config = saved
+    return out[:, ids.shape[1]:]
+
+
+def engine_generate(engine, ids, mask, length: int, seed: int):
+    from workers.rollout.base import SamplingParams
+
+    sampling = SamplingParams(max_new_tokens=length, temperature=1.0, top_p=1.0, top_k=-1, stop_token_ids=(),
+                              n=1, seed=seed)
+    return engine.generate(ids, mask, sampling).response_ids
+
+
+def decode_limit(model, batch: int, peak: dict | None) -> float | None:
+    """Tokens/s upper bound of decoding (see the module docstring); None without peak.json."""
+    if not peak:
+        return None
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    flops = common.model_flops_per_token(model)["dense"]
+    step = max(weight_bytes / (peak["bandwidth"]["read_gbs"] * 1e9), batch * flops / (peak["peak_gflops"] * 1e9))
+    return batch / step
+
+
+def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_id: int) -> dict:
+    ids, mask = prompts[0][:batch], prompts[1][:batch]
+    counter = {"seed": 0}
+
+    def side(fn):
+        def call():
+            counter["seed"] += 1
+            seconds, out = common.timed(lambda: fn(counter["seed"]))
+            if tuple(out.shape) != (batch, length):
+                raise RuntimeError(f"expected {batch}×{length} generated tokens, got {tuple(out.shape)}")
+            return batch * length / seconds
+
+        return call
+
+    runs = {
+        "hf": side(lambda s: engine_generate(engine, ids, mask, length, s)),
+        "bare": side(lambda s: bare_generate(model, ids, mask, length, pad_id, s)),
+    }
+    got = common.alternate(runs, repeats, warmup=False)
+    ratios = [h / b for h, b in zip(got["hf"], got["bare"], strict=True)]
+    return {"batch": batch, "length": length, "prompt_len": int(ids.shape[1]),
+            "hf_tokens_per_s": got["hf"], "bare_tokens_per_s": got["bare"],
+            "hf": common.stats(got["hf"]), "bare": common.stats(got["bare"]), "ratio": common.stats(ratios)}
+
+
+def measure(model_path: str, batches: list[int], lengths: list[int], repeats: int) -> dict:
+    from bench.peak import load_peak
+    from workers.rollout.hf import HFRolloutEngine
+
+    model, tok = common.load_model(model_path)
+    engine = HFRolloutEngine(model, tok, generation_batch_trajectories=max(batches))
+    prompts = common.prompt_batch(tok, max(batches))
+    pad = int(tok.pad_token_id)
+    engine_generate(engine, prompts[0][:2], prompts[1][:2], 4, 0)  # warm-up (allocations, kernels)
+    bare_generate(model, prompts[0][:2], prompts[1][:2], 4, pad, 0)
+    peak = load_peak()
+    cells = []
+    for b in batches:
+        for n in lengths:
+            cell = run_cell(model, engine, prompts, b, n, repeats, pad)
+            cell["decode_limit_tokens_per_s"] = decode_limit(model, b, peak)
+            cells.append(cell)
+            print(f"batch {b:3d} × {n:4d} tokens: hf {cell['hf']['median']:.1f} tok/s, bare "
+                  f"{cell['bare']['median']:.1f} tok/s, ratio {cell['ratio']['median']:.3f}", flush=True)
+    return {"model": model_path, "repeats": repeats, "cells": cells,
+            "peak_used": None if not peak else {"peak_gflops": peak["peak_gflops"],
+                                                "read_gbs": peak["bandwidth"]["read_gbs"]}}
+
+
+def render(res: dict) -> str:
+    rows = []
+    for c in res["cells"]:
+        lim = c.get("decode_limit_tokens_per_s")
+        rows.append((c["batch"], c["length"], f"{c['hf']['median']:.1f}", f"{c['bare']['median']:.1f}",
+                     f"{c['ratio']['median']:.3f} ({c['ratio']['min']:.3f}–{c['ratio']['max']:.3f})",
+                     "—" if lim is None else f"{lim:.0f}",
+                     "—" if lim is None else f"{100 * c['hf']['median'] / lim:.0f}%"))
+    table = common.markdown_table(
+        ["batch", "new tokens", "hf engine tok/s", "bare generate tok/s", "hf / bare, median (min–max)",
+         "decode limit tok/s", "hf / limit"], rows)
+    return "\n\n".join([
+        common.measured_under(res["environment"]) + f" Model `{res['model']}`, {res['repeats']} alternating "
+        "runs per cell; tokens/s are medians.",
+        table,
+    ])
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=common.DEMO_MODEL, help="model.path (default: the demo model)")
+    p.add_argument("--batches", type=_ints, default=[1, 8, 64], help="comma-separated batch sizes")
+    p.add_argument("--lengths", type=_ints, default=[64, 256], help="comma-separated response lengths")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=None)
+    p.add_argument("--no-docs", action="store_true")
+    args = p.parse_args(argv)
+    common.set_threads(args.threads)
+    res = common.write_result_and_render("rollout", measure(args.model, args.batches, args.lengths, args.repeats),
+                                         render, out=args.out, docs=not args.no_docs)
+    return 0 if res else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
