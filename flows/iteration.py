@@ -67,6 +67,22 @@ def _submit_all(df: DataFlow, run: RunContext, cfg: ExperimentConfig, inputs: di
     return df.submit(run, **inputs)
 
 
+def _throughput(cfg: ExperimentConfig, m: dict[str, float]) -> dict[str, float]:
+    """perf/throughput (tokens/s/device over the whole step) and perf/mfu/actor (6·N·tokens over the
+    update's time, against tracking.peak_flops_per_device)."""
+    from hybridflow.metrics import compute_throughput_metrics
+
+    tokens, n_dev = m.get("perf/total_num_tokens"), int(m.get("perf/num_devices", 1))
+    if not tokens:
+        return {}
+    out = compute_throughput_metrics(tokens, m["timing_s/step"], n_devices=n_dev)
+    if cfg.tracking.peak_flops_per_device and m.get("timing_s/update_actor"):
+        mfu = compute_throughput_metrics(tokens, m["timing_s/update_actor"], n_params=m.get("perf/num_params"),
+                                         flops_per_s_peak=cfg.tracking.peak_flops_per_device, n_devices=n_dev)
+        out["perf/mfu/actor"] = mfu.get("perf/mfu/actor", float("nan"))
+    return out
+
+
 @flow(name="iteration", flow_run_name="iteration-{run.iteration:06d}", persist_result=False, log_prints=True)
 def iteration(run: RunContext, inputs: dict[str, Any]) -> dict[str, Any]:
     """Run one iteration. ``inputs`` = the flow inputs (prompts NodeResult, kl_coef, versions).
@@ -81,6 +97,7 @@ def iteration(run: RunContext, inputs: dict[str, Any]) -> dict[str, Any]:
     for res in results.values():
         metrics.update(res["metrics"])
     metrics["timing_s/step"] = time.perf_counter() - start
+    metrics.update(_throughput(cfg, metrics))
     logger.info(
         "iteration %d: score %.3f, response length %.1f, %.1fs",
         run.iteration, metrics.get("critic/score/mean", float("nan")),

@@ -270,6 +270,9 @@ class TrackingConfig(_Section):
         None, description="MLflow tracking URI; None = $MLFLOW_TRACKING_URI or sqlite:///mlflow.db."
     )
     experiment: str = Field("hybridflow", description="MLflow experiment name.")
+    peak_flops_per_device: float | None = Field(
+        None, gt=0, description="Peak FLOP/s of one device, for perf/mfu/actor (measure: `hybridflow bench peak`)."
+    )
     log_samples_every: int = Field(1, ge=0, description="Log a table of sample generations every N iterations.")
 
 

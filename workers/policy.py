@@ -262,6 +262,8 @@ class PolicyWorker:
             metrics["actor/kl_coef"] = a.kl_loss_coef
         tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
         metrics["perf/total_num_tokens"] = float(D.all_reduce_sum(torch.tensor([tokens], dtype=torch.float64)))
+        metrics["perf/num_params"] = float(sum(p.numel() for p in D.unwrap(self.model).parameters()))
+        metrics["perf/num_devices"] = float(self.world_size)
         if not metrics["actor/update_skipped"]:
             self._sync_rollout_weights()
         return metrics
