@@ -209,6 +209,14 @@ def _save_output(run: Any, output: str, out: Any) -> dict[str, Any]:
     return save_node_output(run, output, batch, metrics)
 
 
+def _check_output_name(output: str, df: Any) -> None:
+    """The output must be a plain file name that is not one of the run's own outputs."""
+    taken = {n.name for n in df.nodes} | {"prompts", "val_prompts", "validate"}
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", output) or output in taken or output.startswith("."):
+        raise NodeRunError(f"--output {output!r}: give a plain name that is not one of the run's outputs "
+                           f"({', '.join(sorted(taken))}), e.g. reward.debug")
+
+
 def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | None = None, *,
              output: str | None = None, use_debug_inputs: bool = False) -> dict[str, Any]:
     """Run node ``name`` on iteration ``iteration`` of ``run_dir``; returns its NodeResult
@@ -233,6 +241,8 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
         raise NodeRunError(f"node {name!r} cannot be run on saved inputs: {NOT_RUNNABLE[name]}")
     if name not in [n.name for n in df.nodes]:
         raise NodeRunError(f"no node {name!r} in this run's dataflow; nodes: {', '.join(n.name for n in df.nodes)}")
+    output = output or f"{name}.debug"
+    _check_output_name(output, df)
     roles = NODE_ROLES.get(name, ())
     run_cfg = isolate_roles(cfg, roles) if roles else cfg
     namespace = namespace_for(f"{root.name}-node-{name}-{uuid.uuid4().hex[:6]}")
@@ -241,7 +251,7 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
     pool = _start_pool(run_cfg, namespace) if roles else None
     try:
         start = time.perf_counter()
-        result = _save_output(run, output or f"{name}.debug", df.node(name).fn(run, **inputs))
+        result = _save_output(run, output, df.node(name).fn(run, **inputs))
         result["metrics"][f"timing_s/{TIMING_NAMES.get(name, name)}"] = time.perf_counter() - start
         return result
     finally:

@@ -109,6 +109,14 @@ def test_node_run_errors(run_dir, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("output", ["reward", "prompts", "../x", "a/b"])
+def test_output_may_not_overwrite_the_run(run_dir, capsys, output):
+    before = _digest(run_dir)
+    assert main(["node", "run", "advantage", "--run", str(run_dir), "-i", "1", "--output", output]) == 2
+    assert "give a plain name that is not one of the run's outputs" in capsys.readouterr().err
+    assert _digest(run_dir) == before
+
+
 def test_missing_iteration_lists_the_saved_ones(run_dir, capsys):
     assert main(["node", "run", "advantage", "--run", str(run_dir), "--iteration", "4"]) == 2
     assert "has no iteration 4; saved iterations: 1" in capsys.readouterr().err
