@@ -87,7 +87,8 @@ class RolloutSampler(LogitsProcessor):
         col = min(step, self.uniforms.shape[1] - 1)  # a deferred extra step (undone by generate) reuses the last
         u = self.uniforms[:, col : col + 1].to(cdf.device) * cdf[:, -1:]
         token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
-        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+        # generate hands us its own float32 copy of the logits (already consumed above): reuse it
+        return scores.fill_(float("-inf")).scatter_(1, token, 0.0)
 
     def log_probs(self, response_ids: Tensor) -> Tensor:
         """[N, R] float32: the chosen tokens' log-probs, R = response_ids.shape[1]."""
