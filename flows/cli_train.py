@@ -50,31 +50,47 @@ def print_summary(summary: dict, prefect_url: str | None) -> None:
         console.print(f"  (Prefect API used by this run: {prefect_url})")
 
 
-def _preflight(cfg, resume: str | None) -> None:
-    """Check inputs before starting servers (PreflightError, printed by the CLI, exit 2). A resumed
-    run is checked against its saved config; ``--resume auto`` is checked by the train flow."""
-    from flows.preflight import PreflightError, preflight
+def _load(args: argparse.Namespace):
+    """(config to run, run directory to resume or None). ``--resume DIR`` without ``-c`` continues
+    with DIR's saved config (overrides such as trainer.total_iterations may extend it), not with
+    the defaults; ``--resume auto`` picks the latest run under trainer.run_dir (none: a new run)."""
+    from flows.preflight import PreflightError
     from hybridflow.config import load_config
 
-    if resume and resume != "auto":
-        saved = Path(resume) / "config.yaml"
-        if not (Path(resume) / "run.json").is_file() or not saved.is_file():
-            raise PreflightError(f"--resume {resume}: not a run directory (no run.json / config.yaml)")
-        cfg = load_config(saved)
-    elif resume == "auto":
-        return
-    report = preflight(cfg)
+    cfg = load_config(args.config, args.overrides)  # fails fast with a readable ConfigError
+    if not args.resume:
+        return cfg, None
+    if args.resume == "auto":
+        from flows.run_state import _latest_run
+
+        target = _latest_run(Path(cfg.trainer.run_dir))
+        if target is None:
+            return cfg, None
+    else:
+        target = Path(args.resume)
+    if not (target / "run.json").is_file() or not (target / "config.yaml").is_file():
+        raise PreflightError(f"--resume {args.resume}: {target} is not a run directory (no run.json / config.yaml)")
+    if args.config is None:
+        cfg = load_config(target / "config.yaml", args.overrides)
+    return cfg, str(target)
+
+
+def _preflight(cfg, resume: str | None) -> None:
+    """Check inputs before starting servers (PreflightError, printed by the CLI, exit 2). A resumed
+    run is checked against its saved config (the one it continues with)."""
+    from flows.preflight import preflight
+    from hybridflow.config import load_config
+
+    report = preflight(load_config(Path(resume) / "config.yaml") if resume else cfg)
     skipped = int(report.get("data/train_skipped_rows", 0) + report.get("data/val_skipped_rows", 0))
     if skipped:
         print(f"skipping {skipped} bad dataset rows (data.on_bad_row=skip)", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridflow.config import load_config
-
-    cfg = load_config(args.config, args.overrides)  # fails fast with a readable ConfigError
+    cfg, resume = _load(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _preflight(cfg, args.resume)  # data, model, reward function, run dir: before any server starts
+    _preflight(cfg, resume)  # data, model, reward function, run dir: before any server starts
     from flows.runtime import ensure_prefect_api
 
     home = args.prefect_home or str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
@@ -82,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from flows.train import train
 
-        summary = train(config=cfg.model_dump(mode="json"), config_path=args.config, resume=args.resume)
+        summary = train(config=cfg.model_dump(mode="json"), config_path=args.config, resume=resume)
         summary["prefect_home"] = server.home or None
         print_summary(summary, server.url)
         return 0
