@@ -210,14 +210,14 @@ def prompt_batch(tokenizer: Any, n: int, *, seed: int = 0):
 def model_flops_per_token(model: Any) -> dict[str, float]:
     """Matmul FLOPs of one token's forward pass, by the 2·N rule plus attention scores.
 
-    N counts every weight a token multiplies (the LM head included even when tied to the
-    embedding; the embedding lookup itself is free). Returns {"dense": 2·N,
+    N counts every matrix a token multiplies (the LM head included even when tied to the
+    embedding; the embedding lookup itself is free; norm vectors are not matmuls). Returns {"dense": 2·N,
     "attn_per_ctx": FLOPs per token per context position (QKᵀ and AV: 4·layers·heads·head_dim)}.
     Training is 3× the forward (backward = 2× forward), the PaLM/Chinchilla convention.
     """
     cfg = model.config
     embed = cfg.vocab_size * cfg.hidden_size
-    n = sum(p.numel() for p in model.parameters())
+    n = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # matmul weights; norms are elementwise
     if not getattr(cfg, "tie_word_embeddings", False):
         n -= embed  # the input embedding is a lookup; the separate lm_head stays counted
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -94,7 +94,12 @@ class HybridflowRunner:
         self.cfg = load_config(None, self.settings.overrides(str(d / "runs"), train, **self.extra_overrides))
         self.server = ensure_prefect_api(d / "prefect")
         self.state = open_run(self.cfg, resume=None)
+        import ray
+
+        self._owns_ray = not ray.is_initialized()  # a test session's Ray stays up after stop()
         if self.ray_system_config:
+            if not self._owns_ray:
+                raise RuntimeError("Ray is already running: its _system_config cannot be changed")
             init_ray(self.cfg, self.ray_system_config)
         self.state.bring_up_pools()
         self.base = self.state.context(0)
@@ -125,7 +130,7 @@ class HybridflowRunner:
         import ray
 
         try:
-            if ray.is_initialized():
+            if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
         finally:
             self.server.stop()

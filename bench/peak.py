@@ -4,7 +4,7 @@ bandwidth — the denominators of MFU and of the decode-bound generation limit.
     hybridflow bench peak [--tokens 2048] [--repeats 5] [--bandwidth-mb 512] [--threads N]
 
 Matmuls: [tokens, in] @ [in, out] for every distinct weight shape of SmolLM2-135M (hidden 576,
-MLP 1536, 3 KV heads × 64, vocab 49152), plus a square 2048³ reference. Per shape the best of
+MLP 1536, 3 KV heads × 64, vocab 49152), plus a square ``--square``³ reference (2048). Per shape the best of
 ``--repeats`` timed calls after a warm-up (the best, not the median: a peak is what the
 hardware can do when nothing else runs). ``model_mix_gflops`` is the FLOP-weighted harmonic
 mean over one token's matmuls (what a perfect forward pass would reach); ``peak_gflops`` the
@@ -44,13 +44,13 @@ def best_seconds(fn, repeats: int) -> float:
     return best
 
 
-def matmul_rows(tokens: int, repeats: int, shapes=SMOLLM2_SHAPES) -> list[dict]:
+def matmul_rows(tokens: int, repeats: int, shapes=SMOLLM2_SHAPES, square: int = 2048) -> list[dict]:
     import torch
 
     rows = []
     g = torch.Generator().manual_seed(0)
-    for name, k, n, count in [*shapes, ("square 2048³", 2048, 2048, 0)]:
-        m = 2048 if name.startswith("square") else tokens
+    for name, k, n, count in [*shapes, (f"square {square}³", square, square, 0)]:
+        m = square if name.startswith("square") else tokens
         a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
         out = torch.empty(m, n)
         s = best_seconds(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
@@ -77,8 +77,8 @@ def bandwidth(mb: int, repeats: int) -> dict[str, float]:
     return {"bytes": nbytes, "read_gbs": nbytes / read / 1e9, "copy_gbs": 2 * nbytes / copy / 1e9}
 
 
-def measure(tokens: int = 2048, repeats: int = 5, bandwidth_mb: int = 512) -> dict:
-    rows = matmul_rows(tokens, repeats)
+def measure(tokens: int = 2048, repeats: int = 5, bandwidth_mb: int = 512, square: int = 2048) -> dict:
+    rows = matmul_rows(tokens, repeats, square=square)
     return {
         "tokens": tokens,
         "repeats": repeats,
@@ -115,12 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=2048, help="rows of the activation matrix (micro-batch 8 × 256)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--bandwidth-mb", type=int, default=512)
+    p.add_argument("--square", type=int, default=2048, help="size of the square reference matmul")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="JSON path (default bench/results/peak.json)")
     p.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     args = p.parse_args(argv)
     common.set_threads(args.threads)
-    common.write_result_and_render("peak", measure(args.tokens, args.repeats, args.bandwidth_mb), render,
+    common.write_result_and_render("peak", measure(args.tokens, args.repeats, args.bandwidth_mb, args.square), render,
                                    out=args.out, docs=not args.no_docs)
     return 0
 

@@ -147,10 +147,13 @@ def render(res: dict) -> str:
     rows = []
     for side in ("hybridflow", "bare"):
         s = res[side]
-        rows.append((f"{'update_policy' if side == 'hybridflow' else 'bare torch step'}", f"{s['median']:.1f}",
-                     f"{s['min']:.1f}–{s['max']:.1f}", f"{s.get('gflops', float('nan')):.1f}",
-                     f"{100 * s.get('mfu_vs_peak', float('nan')):.0f}%",
-                     f"{100 * s.get('mfu_vs_model_mix', float('nan')):.0f}%"))
+
+        def pct(key: str, s=s) -> str:
+            return f"{100 * s[key]:.0f}%" if key in s else "— (no peak.json)"
+
+        rows.append(("update_policy" if side == "hybridflow" else "bare torch step", f"{s['median']:.1f}",
+                     f"{s['min']:.1f}–{s['max']:.1f}", f"{s['gflops']:.1f}" if "gflops" in s else "—",
+                     pct("mfu_vs_peak"), pct("mfu_vs_model_mix")))
     r = res["ratio"]
     return "\n\n".join([
         common.measured_under(res["environment"]) + f" Model `{res['model']}`, micro-batch {res['micro_batch']} × "

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
-NOT_BENCHMARKS = {"__init__", "common"}
+NOT_BENCHMARKS = {"__init__", "common", "harness"}  # helpers, not benchmarks
 
 
 def available() -> list[str]:

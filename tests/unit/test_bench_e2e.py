@@ -1,0 +1,79 @@
+"""bench/e2e.py: the TRL side on a tiny model with a stand-in hybridflow runner, the settings
+mapping onto GRPOConfig, the reward and the round summary. No speed is asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import common, e2e
+from bench.harness import Settings, hybridflow_phases
+
+pytest.importorskip("trl", reason="TRL is the bench extra (pip install -e .[bench])")
+
+TINY = Settings(model="tiny", prompts_per_step=2, samples_per_prompt=2, max_response_tokens=3,
+                mini_batch_trajectories=2, micro_batch_trajectories=1)
+
+
+def test_arith_reward_scores_conversational_and_plain_completions():
+    got = e2e.arith_reward(
+        completions=[[{"role": "assistant", "content": "so \\boxed{5}"}], "\\boxed{4}"],
+        ground_truth=["5", "5"], data_source=["arith", "arith"],
+    )
+    assert got == [1.0, 0.0]
+
+
+def test_trl_config_matches_hybridflow_batching(tmp_path):
+    s = Settings(prompts_per_step=8, samples_per_prompt=4, max_response_tokens=64, mini_batch_trajectories=16,
+                 micro_batch_trajectories=4)
+    c = e2e.trl_config(s, str(tmp_path), iterations=3)
+    # 32 trajectories per iteration: micro 4 per forward, 16/4 = 4 accumulation steps per optimizer step,
+    # one generation of 32/4 = 8 micro-steps = 2 optimizer steps per iteration → 3 iterations = 6 steps
+    assert (c.per_device_train_batch_size, c.gradient_accumulation_steps, c.steps_per_generation) == (4, 4, 8)
+    assert c.generation_batch_size == 32 and c.num_generations == 4 and c.max_steps == 6
+    assert (c.beta, c.use_vllm, c.bf16, c.gradient_checkpointing, c.top_k, c.temperature) == (
+        0.0, False, False, False, 0, 1.0)
+
+
+class FakeRunner:
+    """Stands in for HybridflowRunner: a fixed 2 s iteration of 100 tokens."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def iteration(self, task_runner: str) -> dict:
+        self.calls.append(task_runner)
+        m = {"timing_s/gen": 1.0, "timing_s/reward": 0.25, "timing_s/adv": 0.25, "timing_s/update_actor": 0.25}
+        return {"wall_s": 2.0, "tokens": 100, "response_tokens": 10, "metrics": m}
+
+
+def test_trl_side_alternates_with_the_runner_each_iteration():
+    runner = FakeRunner()
+    alt = e2e.Alternation(TINY.trajectories // TINY.mini_batch_trajectories, runner, ["ray", "thread"])
+    e2e.run_trl(TINY, common.arith_rows(8), iterations=2, alt=alt)
+    assert runner.calls == ["ray", "thread", "ray", "thread"]
+    assert len(alt.rounds) == 2
+    for row in alt.rounds:
+        trl = row["trl"]
+        # 4 trajectories of ≤ 3 new tokens each
+        assert 4 <= trl["response_tokens"] <= 12 and trl["tokens"] > trl["response_tokens"]
+        assert trl["phases"]["generate"] > 0 and trl["wall_s"] >= trl["phases"]["generate"]
+        assert row["hybridflow_ray"]["phases"]["other"] == pytest.approx(2.0 - 1.75)
+
+
+def test_summarize_ratio_per_round():
+    def side(wall, tokens):
+        return {"wall_s": wall, "tokens": tokens, "response_tokens": 1, "phases": {"update": wall}}
+
+    rounds = [{"trl": side(10.0, 100), "hybridflow_ray": side(4.0, 80)},   # 20 / 10 tok/s = 2.0
+              {"trl": side(5.0, 100), "hybridflow_ray": side(4.0, 120)},   # 30 / 20 = 1.5
+              {"trl": side(10.0, 100), "hybridflow_ray": side(10.0, 100)}]  # 10 / 10 = 1.0
+    s = e2e.summarize(rounds)
+    assert s["ratios"]["hybridflow_ray"] == {"min": 1.0, "median": 1.5, "max": 2.0, "n": 3}
+    assert s["sides"]["trl"]["wall_s"]["median"] == 10.0
+
+
+def test_hybridflow_phases_other_is_the_rest():
+    m = {"timing_s/gen": 3.0, "timing_s/reward": 1.0, "timing_s/adv": 0.5, "timing_s/update_actor": 4.0}
+    # 10 − (3 + 1 + 0.5 + 4) = 1.5
+    assert hybridflow_phases(m, 10.0) == {"rollout": 3.0, "reward": 1.0, "advantage": 0.5, "update": 4.0,
+                                          "other": 1.5}

@@ -1,0 +1,83 @@
+"""Smoke runs of the micro-benchmarks on a tiny random model and tiny sizes: they run, write the
+JSON they promise and render their table. No speed is asserted (benchmarks are not tests)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import peak, rollout, train
+
+
+def test_peak_smoke(tmp_path):
+    out = tmp_path / "peak.json"
+    assert peak.main(["--tokens", "4", "--repeats", "1", "--bandwidth-mb", "1", "--square", "64", "--out", str(out), "--no-docs"]) == 0
+    res = json.loads(out.read_text())
+    assert [r["shape"] for r in res["matmul"]][-1] == "square 64³"
+    assert all(r["gflops"] > 0 for r in res["matmul"])
+    assert res["peak_gflops"] == max(r["gflops"] for r in res["matmul"])
+    assert res["bandwidth"]["bytes"] == 1 << 20 and res["bandwidth"]["read_gbs"] > 0
+    assert "load average" in peak.render(res)
+
+
+def test_model_mix_is_the_flop_weighted_harmonic_mean():
+    rows = [{"m": 1, "k": 1, "n": 1, "count": 1, "gflops": 10.0},   # 2 FLOPs at 10 GFLOP/s: 0.2 ns
+            {"m": 1, "k": 1, "n": 3, "count": 1, "gflops": 30.0},   # 6 FLOPs at 30 GFLOP/s: 0.2 ns
+            {"m": 9, "k": 9, "n": 9, "count": 0, "gflops": 99.0}]   # not a model shape: ignored
+    # 8 FLOPs in 0.4 ns = 20 GFLOP/s
+    assert peak.model_mix(rows) == pytest.approx(20.0)
+
+
+def test_decode_limit_is_the_slower_of_bandwidth_and_compute():
+    from hybridflow.models import build_tiny_model
+
+    model = build_tiny_model(100, hidden_size=32, layers=2, seed=0)
+    weight_bytes = 21792 * 4  # every parameter, float32
+    peak_res = {"bandwidth": {"read_gbs": 1.0}, "peak_gflops": 1.0}
+    # batch 1: read 87168 B at 1 GB/s = 87.168 µs; compute 43264 FLOPs at 1 GFLOP/s = 43.264 µs → bandwidth bound
+    assert rollout.decode_limit(model, 1, peak_res) == pytest.approx(1 / (weight_bytes / 1e9))
+    # batch 4: compute 4·43264 = 173056 FLOPs = 173.056 µs > 87.168 µs → compute bound, 4 tokens per step
+    assert rollout.decode_limit(model, 4, peak_res) == pytest.approx(4 / (4 * 43264 / 1e9))
+    assert rollout.decode_limit(model, 4, None) is None
+
+
+def test_rollout_smoke(tmp_path):
+    out = tmp_path / "rollout.json"
+    argv = ["--model", "tiny", "--batches", "1,2", "--lengths", "3", "--repeats", "1", "--out", str(out), "--no-docs"]
+    assert rollout.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert [(c["batch"], c["length"]) for c in res["cells"]] == [(1, 3), (2, 3)]
+    for c in res["cells"]:
+        assert len(c["hf_tokens_per_s"]) == len(c["bare_tokens_per_s"]) == 1
+        assert c["ratio"]["median"] == pytest.approx(c["hf_tokens_per_s"][0] / c["bare_tokens_per_s"][0])
+    assert "| 2 | 3 |" in rollout.render(res)
+
+
+def test_bare_generate_makes_exactly_length_tokens():
+    from bench import common
+
+    model, tok = common.load_model("tiny")
+    ids, mask = common.prompt_batch(tok, 2)
+    got = rollout.bare_generate(model, ids, mask, 5, int(tok.pad_token_id), seed=0)
+    assert tuple(got.shape) == (2, 5)
+
+
+def test_train_flops_per_token():
+    from hybridflow.models import build_tiny_model
+
+    model = build_tiny_model(100, hidden_size=32, layers=2, seed=0)
+    # 3 × (dense 43264 + attention 256 per position × mean causal context (8+1)/2 = 4.5 → 1152)
+    assert train.train_flops(model, 8) == 3 * (43264 + 1152)
+
+
+def test_train_smoke(tmp_path):
+    out = tmp_path / "train.json"
+    argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--steps", "2", "--repeats", "1", "--out", str(out),
+            "--no-docs"]
+    assert train.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert res["tokens_per_update"] == 2 * 2 * 8
+    assert len(res["hybridflow_tokens_per_s"]) == len(res["bare_tokens_per_s"]) == 1
+    assert res["hybridflow"]["median"] > 0 and res["bare"]["median"] > 0
+    assert "update_policy" in train.render(res)
