@@ -108,7 +108,8 @@ def tag_execute_events(events: list[dict]) -> list[dict]:
     return events
 
 
-def run_variant(s: Settings, runners: list[str], repeats: int, system_config: dict | None) -> dict[str, Any]:
+def run_variant(s: Settings, runners: list[str], repeats: int, system_config: dict | None,
+                warmup_rounds: int = 1) -> dict[str, Any]:
     import ray
 
     from tasks.common import read_execution_log
@@ -117,8 +118,8 @@ def run_variant(s: Settings, runners: list[str], repeats: int, system_config: di
     storage = StorageTimer()
     iters: list[dict[str, Any]] = []
     try:
-        for r in range(repeats + 1):  # round 0 warms up
-            for tr in runners if r % 2 == 0 else runners[::-1]:
+        for r in range(1 - warmup_rounds, repeats + 1):  # rounds ≤ 0 warm up
+            for tr in runners if r % 2 == 1 else runners[::-1]:
                 storage.take()
                 out = hf.iteration(tr)
                 seconds, calls = storage.take()
@@ -154,10 +155,10 @@ def summarize(iters: list[dict[str, Any]]) -> dict[str, Any]:
             "overhead_fraction": common.stats(fractions), "new_node_processes": med("new_node_processes")}
 
 
-def measure(s: Settings, runners: list[str], repeats: int, warm: bool) -> dict[str, Any]:
-    variants = {"default Ray": run_variant(s, runners, repeats, None)}
+def measure(s: Settings, runners: list[str], repeats: int, warm: bool, warmup_rounds: int = 1) -> dict[str, Any]:
+    variants = {"default Ray": run_variant(s, runners, repeats, None, warmup_rounds)}
     if warm:
-        variants["warm Ray workers"] = run_variant(s, runners, repeats, WARM_WORKERS)
+        variants["warm Ray workers"] = run_variant(s, runners, repeats, WARM_WORKERS, warmup_rounds)
     return {"settings": vars(s) | {"trajectories": s.trajectories}, "repeats": repeats, "variants": variants}
 
 
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads of the policy pool")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--runners", type=_csv, default=["ray", "thread"])
+    p.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first (each runs every runner)")
     p.add_argument("--warm-workers", action="store_true", help="also measure with idle Ray workers kept alive")
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
@@ -203,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings(model=args.model, prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
                  max_response_tokens=args.max_response_tokens, mini_batch_trajectories=args.mini,
                  micro_batch_trajectories=args.micro, threads=args.threads)
-    common.write_result_and_render("overhead", measure(s, args.runners, args.repeats, args.warm_workers), render,
+    common.write_result_and_render("overhead", measure(s, args.runners, args.repeats, args.warm_workers,
+                                                                 args.warmup_rounds), render,
                                    out=args.out, docs=not args.no_docs)
     return 0
 

@@ -61,6 +61,22 @@ def decode_limit(model, batch: int, peak: dict | None) -> float | None:
     return batch / step
 
 
+def profile_cell(model, engine, prompts, batch: int, length: int, pad_id: int, path: Path) -> None:
+    """torch-profile one hf-engine call and one bare call of a cell; top ops of each to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids, mask = prompts[0][:batch], prompts[1][:batch]
+    parts = []
+    for name, fn in (("hf engine", lambda: engine_generate(engine, ids, mask, length, 1)),
+                     ("bare generate", lambda: bare_generate(model, ids, mask, length, pad_id, 1))):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        parts.append(f"## {name}, batch {batch} × {length} tokens\n"
+                     + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+    path.write_text("\n\n".join(parts))
+    print(f"profile written to {path}")
+
+
 def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_id: int) -> dict:
     ids, mask = prompts[0][:batch], prompts[1][:batch]
     counter = {"seed": 0}
@@ -86,7 +102,8 @@ def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_
             "hf": common.stats(got["hf"]), "bare": common.stats(got["bare"]), "ratio": common.stats(ratios)}
 
 
-def measure(model_path: str, batches: list[int], lengths: list[int], repeats: int) -> dict:
+def measure(model_path: str, batches: list[int], lengths: list[int], repeats: int,
+            max_cell_tokens: int | None = None, profile: str | None = None) -> dict:
     from bench.peak import load_peak
     from workers.rollout.hf import HFRolloutEngine
 
@@ -97,15 +114,21 @@ def measure(model_path: str, batches: list[int], lengths: list[int], repeats: in
     engine_generate(engine, prompts[0][:2], prompts[1][:2], 4, 0)  # warm-up (allocations, kernels)
     bare_generate(model, prompts[0][:2], prompts[1][:2], 4, pad, 0)
     peak = load_peak()
-    cells = []
+    cells, skipped = [], []
     for b in batches:
         for n in lengths:
+            if max_cell_tokens and b * n > max_cell_tokens:
+                skipped.append([b, n])
+                continue
             cell = run_cell(model, engine, prompts, b, n, repeats, pad)
             cell["decode_limit_tokens_per_s"] = decode_limit(model, b, peak)
             cells.append(cell)
             print(f"batch {b:3d} × {n:4d} tokens: hf {cell['hf']['median']:.1f} tok/s, bare "
                   f"{cell['bare']['median']:.1f} tok/s, ratio {cell['ratio']['median']:.3f}", flush=True)
-    return {"model": model_path, "repeats": repeats, "cells": cells,
+    if profile:
+        b, n = (int(x) for x in profile.split("x"))
+        profile_cell(model, engine, prompts, b, n, pad, common.RESULTS_DIR / "rollout_profile.txt")
+    return {"model": model_path, "repeats": repeats, "cells": cells, "skipped_cells": skipped,
             "peak_used": None if not peak else {"peak_gflops": peak["peak_gflops"],
                                                 "read_gbs": peak["bandwidth"]["read_gbs"]}}
 
@@ -121,9 +144,11 @@ def render(res: dict) -> str:
     table = common.markdown_table(
         ["batch", "new tokens", "hf engine tok/s", "bare generate tok/s", "hf / bare, median (min–max)",
          "decode limit tok/s", "hf / limit"], rows)
+    skipped = res.get("skipped_cells") or []
+    note = f" Skipped for CPU time: {', '.join(f'{b}×{n}' for b, n in skipped)}." if skipped else ""
     return "\n\n".join([
         common.measured_under(res["environment"]) + f" Model `{res['model']}`, {res['repeats']} alternating "
-        "runs per cell; tokens/s are medians.",
+        "runs per cell; tokens/s are medians." + note,
         table,
     ])
 
@@ -138,12 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=_ints, default=[1, 8, 64], help="comma-separated batch sizes")
     p.add_argument("--lengths", type=_ints, default=[64, 256], help="comma-separated response lengths")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-cell-tokens", type=int, default=None,
+                   help="skip cells with batch × length above this (CPU time); they are listed as skipped")
+    p.add_argument("--profile", metavar="BxN", default=None,
+                   help="torch-profile one call of each side at batch B × N tokens (bench/results/rollout_profile.txt)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
     common.set_threads(args.threads)
-    res = common.write_result_and_render("rollout", measure(args.model, args.batches, args.lengths, args.repeats),
+    res = common.write_result_and_render("rollout", measure(args.model, args.batches, args.lengths, args.repeats,
+                                                              args.max_cell_tokens, args.profile),
                                          render, out=args.out, docs=not args.no_docs)
     return 0 if res else 1
 
