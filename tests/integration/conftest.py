@@ -16,7 +16,12 @@ def prefect_api(tmp_path_factory):
     old = os.environ.get("PREFECT_API_URL")
     server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"), timeout_s=180)
     os.environ["PREFECT_API_URL"] = server.url
-    yield server.url
+    # Prefect reads its settings when first imported; unit tests may have imported it already in
+    # this session, so apply the URL to the live settings context too.
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: server.url}):
+        yield server.url
     try:
         import ray
 
