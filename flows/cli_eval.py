@@ -264,5 +264,8 @@ def run(args: argparse.Namespace) -> int:
             if not ray_was_up and ray.is_initialized():
                 ray.shutdown()
         finally:
+            from flows.cli_train import drain_prefect_services
+
+            drain_prefect_services()
             server.stop()
             sys.stdout.flush()

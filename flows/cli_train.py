@@ -87,6 +87,17 @@ def _preflight(cfg, resume: str | None) -> None:
         print(f"skipping {skipped} bad dataset rows (data.on_bad_row=skip)", file=sys.stderr)
 
 
+def drain_prefect_services(timeout_s: float = 20.0) -> None:
+    """Send queued Prefect logs/events while the server is still up: once we stop the server, the
+    interpreter's at-exit drain would otherwise wait on a server that is gone."""
+    try:
+        from prefect._internal.concurrency.services import QueueService
+
+        QueueService.drain_all(timeout=timeout_s)
+    except Exception:  # best effort: never turn a finished run into a failure
+        pass
+
+
 def run(args: argparse.Namespace) -> int:
     cfg, resume = _load(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -109,5 +120,6 @@ def run(args: argparse.Namespace) -> int:
             if ray.is_initialized():
                 ray.shutdown()
         finally:
+            drain_prefect_services()
             server.stop()
             sys.stdout.flush()
