@@ -88,6 +88,7 @@ def _log_iteration(cfg: ExperimentConfig, state: RunState, it: int, out: dict[st
 def _check_update(cfg: ExperimentConfig, state: RunState, metrics: dict[str, float], it: int) -> None:
     if metrics.get("actor/update_skipped", 0.0):
         state.bad_updates_in_a_row += 1
+        metrics["actor/bad_updates_in_a_row"] = float(state.bad_updates_in_a_row)
         get_run_logger().warning("iteration %d: policy update skipped (NaN/inf); %d in a row",
                                  it, state.bad_updates_in_a_row)
         if state.bad_updates_in_a_row >= cfg.trainer.max_bad_updates:
@@ -98,6 +99,7 @@ def _check_update(cfg: ExperimentConfig, state: RunState, metrics: dict[str, flo
             )
     else:
         state.bad_updates_in_a_row = 0
+        metrics["actor/bad_updates_in_a_row"] = 0.0
         state.policy_version += 1
     if cfg.needs_critic and not metrics.get("critic/update_skipped", 0.0):
         state.critic_version += 1
@@ -141,10 +143,10 @@ def train(
     from flows.iteration import iteration
 
     cfg = _resolve_config(config, config_path, overrides)
-    state = open_run(cfg, resume=resume)
+    flow_run_id = str(prefect_flow_run.id or "")
+    state = open_run(cfg, resume=resume, flow_run_id=flow_run_id or None)  # a retried flow run resumes
     cfg = state.cfg
     logger = get_run_logger()
-    flow_run_id = str(prefect_flow_run.id or "")
     tracker = Tracker(cfg, run_name=state.run_id, mlflow_run_id=state.mlflow_run_id,
                       tags={"prefect.flow_run_id": flow_run_id, "hybridflow.run_dir": state.run_dir})
     tracker.set_tag("prefect.flow_run_id", flow_run_id)
@@ -166,8 +168,10 @@ def train(
             t0 = time.perf_counter()
             out = iteration_flow(run=base.with_iteration(it), inputs=state.flow_inputs(prompts))
             out["metrics"]["timing_s/iteration_wall"] = time.perf_counter() - t0
-            _check_update(cfg, state, out["metrics"], it)
-            _log_iteration(cfg, state, it, out, tracker)
+            try:
+                _check_update(cfg, state, out["metrics"], it)
+            finally:  # the iteration that stops the run is logged too
+                _log_iteration(cfg, state, it, out, tracker)
             print(state.progress_line(it, out["metrics"]))
             if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
                 _validate(cfg, state, base.with_iteration(it), tracker)
