@@ -87,7 +87,8 @@ def _load_split(key: str, files: list[str], cfg: ExperimentConfig, tokenizer: An
         except Exception as e:  # noqa: BLE001 - pyarrow raises its own types
             raise PreflightError(f"{key}: cannot read {path!r}: {type(e).__name__}: {e}") from None
     try:
-        rows = load_rows(files, cfg.data)
+        # rule rewards need a ground truth per row; a custom reward.function may not
+        rows = load_rows(files, cfg.data, require_ground_truth=cfg.reward.function is None)
         return rows, PromptDataset(rows, tokenizer, cfg.data)
     except ValueError as e:  # BadRowError, OverlongPromptError, DataFileError
         raise PreflightError(f"{key}: {e}") from None

@@ -182,3 +182,17 @@ def test_train_flow_checks_inputs_before_pools(tmp_path, good_data):
     cfg = load_config(None, args_for(tmp_path, good_data, **{"trainer.run_dir": str(good_data / "x")})[1:])
     with pytest.raises(PreflightError, match="trainer.run_dir="):
         open_run(cfg, resume=None)
+
+
+def test_ground_truth_is_required_only_by_rule_rewards(tmp_path):
+    from flows.preflight import PreflightError, load_datasets
+    from hybridflow.config import load_config
+
+    rows = make_arith(6, difficulty=0, seed=1)
+    del rows[2]["reward_model"]["ground_truth"]
+    path = tmp_path / "train.jsonl"
+    write_rows(rows, str(path))
+    with pytest.raises(PreflightError, match=r"row 2: field 'reward_model.ground_truth': missing"):
+        load_datasets(load_config(None, args_for(tmp_path, path)[1:]))
+    custom = load_config(None, args_for(tmp_path, path, **{"reward.function": "my_rewards:score"})[1:])
+    assert load_datasets(custom).report["data/train_prompts"] == 6.0
