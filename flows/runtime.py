@@ -115,6 +115,9 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     if cfg.placement.ray_address:
         ray.init(address=cfg.placement.ray_address, **kwargs)
         return
+    # Node tasks ask for zero CPUs, but Ray keeps only `num_cpus` idle workers warm; with pools holding
+    # every CPU, each iteration would pay for new task-worker processes (Prefect + torch imports).
+    os.environ.setdefault("RAY_num_workers_soft_limit", "8")
     needed = sum(p.workers * p.cpus_per_worker for p in cfg.placement.pools.values())
     num_cpus = cfg.placement.ray_num_cpus or max(float(os.cpu_count() or 1), needed)
     num_gpus = sum(p.workers * p.gpus_per_worker for p in cfg.placement.pools.values())

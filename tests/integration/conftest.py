@@ -41,6 +41,7 @@ def ray_cluster(prefect_api):
 
     root = Path(__file__).resolve().parents[2]
     if not ray.is_initialized():
+        os.environ.setdefault("RAY_num_workers_soft_limit", "8")  # as flows.runtime.ensure_ray does
         ray.init(
             num_cpus=3,
             include_dashboard=False,
