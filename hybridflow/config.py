@@ -308,7 +308,7 @@ class ExperimentConfig(_Section):
         _check_registry_name("algorithm.adv_estimator", self.algorithm.adv_estimator, "advantage", self.trainer.plugins)
         _check_registry_name("actor.policy_loss", self.actor.policy_loss, "policy_loss", self.trainer.plugins)
         n = self.trajectories_per_step
-        for sec in ("actor", "critic"):
+        for sec in ("actor", "critic") if self.needs_critic else ("actor",):
             mini = getattr(self, sec).mini_batch_trajectories
             micro = getattr(self, sec).micro_batch_trajectories
             if n % mini:

@@ -68,3 +68,11 @@ def test_cli_config_show_and_errors():
     assert bad.returncode != 0
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and "algorithm.adv_estimator" in lines[0] and "grpo" in lines[0]
+
+
+def test_critic_batch_sizes_checked_only_with_a_critic():
+    ov = ["data.prompts_per_step=2", "rollout.samples_per_prompt=2", "actor.mini_batch_trajectories=4",
+          "actor.micro_batch_trajectories=2"]
+    assert load_config(None, ov).critic.mini_batch_trajectories == 16  # GRPO: no critic, not checked
+    with pytest.raises(ConfigError, match="critic.mini_batch_trajectories=16"):
+        load_config(None, ov + ["algorithm.adv_estimator=gae"])
