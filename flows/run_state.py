@@ -214,8 +214,17 @@ class RunState:
         }
 
 
-def open_run(cfg: ExperimentConfig, *, resume: str | None) -> RunState:
-    """Create a new run directory, or reopen one to resume (``resume`` = its path, or "auto")."""
+def open_run(cfg: ExperimentConfig, *, resume: str | None, flow_run_id: str | None = None) -> RunState:
+    """Create a new run directory, or reopen one to resume (``resume`` = its path, or "auto").
+
+    ``flow_run_id``: the Prefect flow run that opens the run (recorded in run.json as
+    ``prefect_flow_run_id``). When ``trainer.run_id`` names a run directory whose run.json was
+    written by this same flow run, the flow run is being retried (the Prefect UI's Retry, or its
+    state set back to Scheduled through the API) and the directory is resumed like ``resume``.
+    Raises FileExistsError when the directory holds another run (a fresh run needs a new
+    ``trainer.run_id``; continuing it is ``resume``), FileNotFoundError when ``resume`` is not a
+    run directory.
+    """
     parent = Path(cfg.trainer.run_dir)
     target: Path | None = None
     if resume == "auto" or (resume is None and cfg.trainer.resume == "auto"):
@@ -225,26 +234,42 @@ def open_run(cfg: ExperimentConfig, *, resume: str | None) -> RunState:
         if not (target / "run.json").exists():
             raise FileNotFoundError(f"--resume {resume}: not a run directory (no run.json)")
     if target is not None:
-        saved = load_config(target / "config.yaml")
-        # the saved run defines the experiment; the caller may extend it (e.g. more iterations)
-        merged = saved.model_copy(update={"trainer": saved.trainer.model_copy(
-            update={"total_iterations": max(cfg.trainer.total_iterations, saved.trainer.total_iterations)})})
-        state = RunState(merged, target, resumed=True)
-        info = json.loads((target / "run.json").read_text())
-        state.info = {k: v for k, v in info.items() if k != "run_id"}
-        state.mlflow_run_id = info.get("mlflow_run_id")
-        state.restore(f"{state.run_dir}/checkpoints")
-        return state
+        return _reopen(cfg, target)
     from flows.preflight import check_run_dir
 
     check_run_dir(cfg)
     run_id = cfg.trainer.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.algorithm.adv_estimator}"
     run_dir = parent / run_id
     if (run_dir / "run.json").exists():
+        if flow_run_id and _recorded_flow_run(run_dir) == flow_run_id:
+            return _reopen(cfg, run_dir)  # a retry of the flow run that created it
         raise FileExistsError(f"run directory {run_dir} exists; resume it with --resume {run_dir}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     result_storage_path(str(run_dir)).mkdir(parents=True, exist_ok=True)
     state = RunState(cfg, run_dir, resumed=False)
     state.bind()
+    return state
+
+
+def _recorded_flow_run(run_dir: Path) -> str | None:
+    """The Prefect flow run id that run.json records (None when absent or unreadable)."""
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("prefect_flow_run_id") or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _reopen(cfg: ExperimentConfig, target: Path) -> RunState:
+    """Resume ``target`` from its latest checkpoint with its saved config; ``cfg`` may only
+    extend it (a larger trainer.total_iterations)."""
+    saved = load_config(target / "config.yaml")
+    # the saved run defines the experiment; the caller may extend it (e.g. more iterations)
+    merged = saved.model_copy(update={"trainer": saved.trainer.model_copy(
+        update={"total_iterations": max(cfg.trainer.total_iterations, saved.trainer.total_iterations)})})
+    state = RunState(merged, target, resumed=True)
+    info = json.loads((target / "run.json").read_text())
+    state.info = {k: v for k, v in info.items() if k != "run_id"}
+    state.mlflow_run_id = info.get("mlflow_run_id")
+    state.restore(f"{state.run_dir}/checkpoints")
     return state

@@ -143,10 +143,10 @@ def train(
     from flows.iteration import iteration
 
     cfg = _resolve_config(config, config_path, overrides)
-    state = open_run(cfg, resume=resume)
+    flow_run_id = str(prefect_flow_run.id or "")
+    state = open_run(cfg, resume=resume, flow_run_id=flow_run_id or None)  # a retried flow run resumes
     cfg = state.cfg
     logger = get_run_logger()
-    flow_run_id = str(prefect_flow_run.id or "")
     tracker = Tracker(cfg, run_name=state.run_id, mlflow_run_id=state.mlflow_run_id,
                       tags={"prefect.flow_run_id": flow_run_id, "hybridflow.run_dir": state.run_dir})
     tracker.set_tag("prefect.flow_run_id", flow_run_id)
