@@ -22,6 +22,11 @@ def test_one_real_iteration_of_the_demo_model(prefect_api, ray_cluster, tmp_path
     from hybridflow.models.resolve import smollm2_gguf_path
 
     write_rows(make_arith(8, difficulty=1, seed=0), str(tmp_path / "train.parquet"))
+    # a reward that differs between samples of a prompt, so GRPO's advantages (and the gradient)
+    # cannot all be zero — with 2×2 samples the real arith reward is usually 0 for every sample
+    (tmp_path / "length_reward.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return len(solution_str) / 100.0\n")
     runs = tmp_path / "runs"
     summary = train(config_path=str(ROOT / "examples" / "grpo_arith.yaml"), overrides=[
         f"data.train_files=[{tmp_path / 'train.parquet'}]", "data.val_files=[]",
@@ -29,7 +34,7 @@ def test_one_real_iteration_of_the_demo_model(prefect_api, ray_cluster, tmp_path
         "actor.mini_batch_trajectories=4", "actor.micro_batch_trajectories=2", "actor.lr=1e-5",
         "trainer.total_iterations=1", "trainer.save_every=1", "trainer.val_before_train=false",
         "trainer.val_every=0", "trainer.run_id=demo-e2e", f"trainer.run_dir={runs}", "trainer.device=cpu",
-        "placement.pools.main.cpus_per_worker=1", f"tracking.mlflow_uri=sqlite:///{tmp_path}/mlflow.db",
+        "placement.pools.main.cpus_per_worker=1", f"reward.function={tmp_path / 'length_reward.py'}:compute_score", f"tracking.mlflow_uri=sqlite:///{tmp_path}/mlflow.db",
     ])
     ckpt = Path(summary["checkpoint"])
     assert json.loads((ckpt / "trainer_state.json").read_text())["policy_version"] == 1
