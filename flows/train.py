@@ -53,15 +53,42 @@ def _task_runner(cfg: ExperimentConfig):
     return ThreadPoolTaskRunner(max_workers=8)
 
 
+def _key_by_iteration(task_key: str, iteration: int) -> None:
+    """Make the next call of ``task_key`` (a task, or a subflow's parent task) in this flow run
+    carry Prefect's dynamic key ``iteration``.
+
+    Prefect tells the calls of one task within a flow run apart by a counter that restarts at 0
+    in every attempt of the run, and a call whose key already exists reuses that task run. A
+    retried train flow run resumes from its checkpoint, so its first call is iteration k, not 1:
+    counted, iteration k's subflow would be filed under iteration 1's parent task run and its
+    checkpoint task would overwrite iteration 1's record. Keyed by iteration, each attempt of
+    iteration k lands on iteration k's record. Uses ``FlowRunContext.task_run_dynamic_keys``
+    (prefect 3.9, pinned); outside a flow run it does nothing.
+    """
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is not None:
+        ctx.task_run_dynamic_keys[task_key] = iteration - 1  # the next call takes counter + 1
+
+
+def _subflow_key(subflow: Any) -> str:
+    """The task key of the parent task run Prefect creates for each call of ``subflow``."""
+    from prefect import Task
+
+    return Task(name=subflow.name, fn=subflow.fn).task_key
+
+
 def _submit(cfg: ExperimentConfig, task: Any, **kwargs: Any) -> Any:
     """Run a driver-level node task on the task runner (zero CPUs: it only coordinates)."""
-    storage = result_storage_path(kwargs["run"].run_dir)
+    node_task = task.task.with_options(result_storage=result_storage_path(kwargs["run"].run_dir))
+    _key_by_iteration(node_task.task_key, kwargs["run"].iteration)
     if cfg.trainer.task_runner == "ray":
         from prefect_ray.context import remote_options
 
         with remote_options(num_cpus=0):
-            return task.task.with_options(result_storage=storage).submit(**kwargs).result()
-    return task.task.with_options(result_storage=storage).submit(**kwargs).result()
+            return node_task.submit(**kwargs).result()
+    return node_task.submit(**kwargs).result()
 
 
 def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: Tracker) -> dict[str, float]:
@@ -157,6 +184,7 @@ def train(
     try:
         state.bring_up_pools()
         iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
+        iteration_key = _subflow_key(iteration_flow)
         base = state.context(0)
         if cfg.trainer.val_before_train and state.start_iteration == 1:
             _validate(cfg, state, base, tracker)
@@ -166,6 +194,7 @@ def train(
                 logger.info("data exhausted after %d epochs", cfg.trainer.total_epochs)
                 break
             t0 = time.perf_counter()
+            _key_by_iteration(iteration_key, it)  # a retried flow run files iteration k under iteration-k
             out = iteration_flow(run=base.with_iteration(it), inputs=state.flow_inputs(prompts))
             out["metrics"]["timing_s/iteration_wall"] = time.perf_counter() - t0
             try:
