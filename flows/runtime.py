@@ -118,6 +118,8 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     # Node tasks ask for zero CPUs, but Ray keeps only `num_cpus` idle workers warm; with pools holding
     # every CPU, each iteration would pay for new task-worker processes (Prefect + torch imports).
     os.environ.setdefault("RAY_num_workers_soft_limit", "8")
+    # Ray's tqdm helper replaces print() in the driver, which undoes Prefect's log_prints
+    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
     needed = sum(p.workers * p.cpus_per_worker for p in cfg.placement.pools.values())
     num_cpus = cfg.placement.ray_num_cpus or max(float(os.cpu_count() or 1), needed)
     num_gpus = sum(p.workers * p.gpus_per_worker for p in cfg.placement.pools.values())
