@@ -55,6 +55,13 @@ def environment() -> dict[str, Any]:
     }
 
 
+def exit_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so ``finally`` blocks stop the Prefect server and Ray we started."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def set_threads(threads: int | None) -> int:
     """Set torch intra-op threads (None: leave torch's choice). Returns the count in force."""
     import torch

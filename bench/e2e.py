@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
+    common.exit_cleanly_on_sigterm()
     common.set_threads(args.threads)
     s = Settings(model=args.model, prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
                  max_response_tokens=args.max_response_tokens, mini_batch_trajectories=args.mini,

@@ -92,16 +92,20 @@ class HybridflowRunner:
         d = Path(self._tmp.name)
         train = common.write_arith_file(d / "train.jsonl", self.prompts, seed=self.settings.seed)
         self.cfg = load_config(None, self.settings.overrides(str(d / "runs"), train, **self.extra_overrides))
-        self.server = ensure_prefect_api(d / "prefect")
-        self.state = open_run(self.cfg, resume=None)
         import ray
 
         self._owns_ray = not ray.is_initialized()  # a test session's Ray stays up after stop()
-        if self.ray_system_config:
-            if not self._owns_ray:
-                raise RuntimeError("Ray is already running: its _system_config cannot be changed")
-            init_ray(self.cfg, self.ray_system_config)
-        self.state.bring_up_pools()
+        self.server = ensure_prefect_api(d / "prefect")
+        try:
+            self.state = open_run(self.cfg, resume=None)
+            if self.ray_system_config:
+                if not self._owns_ray:
+                    raise RuntimeError("Ray is already running: its _system_config cannot be changed")
+                init_ray(self.cfg, self.ray_system_config)
+            self.state.bring_up_pools()
+        except BaseException:
+            self.stop()  # never leave a Prefect server or Ray behind
+            raise
         self.base = self.state.context(0)
         self.it = 0
         return self

@@ -49,7 +49,8 @@ def matmul_rows(tokens: int, repeats: int, shapes=SMOLLM2_SHAPES, square: int = 
 
     rows = []
     g = torch.Generator().manual_seed(0)
-    for name, k, n, count in [*shapes, (f"square {square}³", square, square, 0)]:
+    squares = [(f"square {square}³", square, square, 0)] if square else []
+    for name, k, n, count in [*shapes, *squares]:
         m = square if name.startswith("square") else tokens
         a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
         out = torch.empty(m, n)
@@ -57,6 +58,11 @@ def matmul_rows(tokens: int, repeats: int, shapes=SMOLLM2_SHAPES, square: int = 
         flops = 2.0 * m * k * n
         rows.append({"shape": name, "m": m, "k": k, "n": n, "count": count, "seconds": s, "gflops": flops / s / 1e9})
     return rows
+
+
+def square_gflops(size: int = 2048, repeats: int = 2) -> float:
+    """Best GFLOP/s of a float32 size³ matmul: the peak probe other benchmarks interleave with their runs."""
+    return matmul_rows(size, repeats, shapes=[], square=size)[0]["gflops"]
 
 
 def model_mix(rows: list[dict]) -> float:

@@ -9,7 +9,8 @@ token-mean. Alternates with a bare torch step on its own copy of the model (forw
 same log-prob gather, a policy-gradient loss, backward, clip, AdamW) to show what the
 framework's update loop costs on top.
 
-MFU = achieved model FLOP/s ÷ measured matmul peak (bench/results/peak.json), with model
+MFU = achieved model FLOP/s ÷ measured matmul peak: a float32 2048³ matmul probed between the
+updates (same machine state; the headline), and bench/results/peak.json's peak. Model
 FLOPs = 3 × forward (backward = 2 × forward) and forward = 2·N per token (N = every weight a
 token multiplies, the LM head included) + causal attention 4·layers·heads·head_dim·(seq+1)/2.
 ``--profile`` writes the torch profiler's top ops of one update to bench/results/train_profile.txt.
@@ -102,7 +103,8 @@ def profile_update(worker, batch, path: Path, version: int) -> int:
     return version + 1
 
 
-def measure(model_path: str, micro: int, seq: int, steps: int, repeats: int, profile: bool) -> dict:
+def measure(model_path: str, micro: int, seq: int, steps: int, repeats: int, profile: bool,
+            probe_size: int = 2048, warmup: bool = True) -> dict:
     from bench.peak import load_peak
     from workers.policy import PolicyWorker
 
@@ -122,16 +124,24 @@ def measure(model_path: str, micro: int, seq: int, steps: int, repeats: int, pro
     def bare_update() -> float:
         return tokens / common.timed(bare)[0]
 
-    got = common.alternate({"hybridflow": hybridflow_update, "bare": bare_update}, repeats)
+    from bench.peak import square_gflops
+
+    # the matmul peak is probed between the updates, so MFU is against the same machine state
+    runs = {"hybridflow": hybridflow_update, "bare": bare_update, "peak_probe": lambda: square_gflops(probe_size)}
+    got = common.alternate(runs, repeats, warmup=warmup)
     if profile:
         state["version"] = profile_update(worker, batch, common.RESULTS_DIR / "train_profile.txt", state["version"])
     flops = train_flops(worker.module, seq)
     peak = load_peak()
-    out = {"model": model_path, "micro_batch": micro, "seq": seq, "optimizer_steps": steps, "repeats": repeats,
+    out = {"model": model_path, "warmup": warmup, "micro_batch": micro, "seq": seq, "optimizer_steps": steps, "repeats": repeats,
            "tokens_per_update": tokens, "train_flops_per_token": flops,
            "hybridflow_tokens_per_s": got["hybridflow"], "bare_tokens_per_s": got["bare"],
            "hybridflow": common.stats(got["hybridflow"]), "bare": common.stats(got["bare"]),
            "ratio": common.stats([h / b for h, b in zip(got["hybridflow"], got["bare"], strict=True)])}
+    probe = common.stats(got["peak_probe"])
+    out["peak_alongside_gflops"], out["probe_size"] = probe, probe_size
+    for side in ("hybridflow", "bare"):
+        out[side]["mfu_vs_peak_alongside"] = out[side]["median"] * flops / 1e9 / probe["median"]
     if peak:
         for side in ("hybridflow", "bare"):
             achieved = out[side]["median"] * flops / 1e9
@@ -151,15 +161,21 @@ def render(res: dict) -> str:
         def pct(key: str, s=s) -> str:
             return f"{100 * s[key]:.0f}%" if key in s else "— (no peak.json)"
 
+        gflops = s["median"] * res["train_flops_per_token"] / 1e9
         rows.append(("update_policy" if side == "hybridflow" else "bare torch step", f"{s['median']:.1f}",
-                     f"{s['min']:.1f}–{s['max']:.1f}", f"{s['gflops']:.1f}" if "gflops" in s else "—",
+                     f"{s['min']:.1f}–{s['max']:.1f}", f"{gflops:.1f}", pct("mfu_vs_peak_alongside"),
                      pct("mfu_vs_peak"), pct("mfu_vs_model_mix")))
     r = res["ratio"]
     return "\n\n".join([
         common.measured_under(res["environment"]) + f" Model `{res['model']}`, micro-batch {res['micro_batch']} × "
-        f"{res['seq']} tokens, {res['optimizer_steps']} optimizer steps per update, {res['repeats']} alternating runs.",
-        common.markdown_table(["update", "tokens/s (median)", "min–max", "model GFLOP/s", "MFU vs peak",
-                               "MFU vs model-shape matmul"], rows),
+        f"{res['seq']} tokens, {res['optimizer_steps']} optimizer steps per update, {res['repeats']} alternating runs"
+        f"{'' if res.get('warmup', True) else ' (no warm-up run)'}.",
+        common.markdown_table(["update", "tokens/s (median)", "min–max", "model GFLOP/s",
+                               "MFU vs peak probed alongside", "MFU vs peak.json", "MFU vs peak.json model mix"],
+                              rows),
+        f"Peak probed between the updates (float32 {res.get('probe_size', 2048)}³ matmul, best of 2): median "
+        f"{res['peak_alongside_gflops']['median']:.1f} GFLOP/s (min {res['peak_alongside_gflops']['min']:.1f}, "
+        f"max {res['peak_alongside_gflops']['max']:.1f}).",
         f"update_policy / bare step: median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}). "
         f"Model FLOPs per trained token: {res['train_flops_per_token'] / 1e9:.3f} GFLOP.",
     ])
@@ -174,11 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--profile", action="store_true", help="torch-profile one extra update")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed first update of each side")
+    p.add_argument("--probe-size", type=int, default=2048, help="size of the square matmul peak probe")
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
     common.set_threads(args.threads)
-    data = measure(args.model, args.micro, args.seq, args.steps, args.repeats, args.profile)
+    data = measure(args.model, args.micro, args.seq, args.steps, args.repeats, args.profile, args.probe_size,
+                   not args.no_warmup)
     common.write_result_and_render("train", data, render, out=args.out, docs=not args.no_docs)
     return 0
 

@@ -73,11 +73,13 @@ def test_train_flops_per_token():
 
 def test_train_smoke(tmp_path):
     out = tmp_path / "train.json"
-    argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--steps", "2", "--repeats", "1", "--out", str(out),
-            "--no-docs"]
+    argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--steps", "2", "--repeats", "1", "--probe-size", "64",
+            "--out", str(out), "--no-docs"]
     assert train.main(argv) == 0
     res = json.loads(out.read_text())
     assert res["tokens_per_update"] == 2 * 2 * 8
     assert len(res["hybridflow_tokens_per_s"]) == len(res["bare_tokens_per_s"]) == 1
     assert res["hybridflow"]["median"] > 0 and res["bare"]["median"] > 0
+    assert res["peak_alongside_gflops"]["n"] == 1 and res["probe_size"] == 64
+    assert res["hybridflow"]["mfu_vs_peak_alongside"] > 0
     assert "update_policy" in train.render(res)
