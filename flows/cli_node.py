@@ -191,19 +191,12 @@ def _stop_pool(pool: Any) -> None:
 
 def _save_output(run: Any, output: str, out: Any) -> dict[str, Any]:
     """Save what the node returned (Batch / (Batch, metrics) / metrics / NodeResult) as ``output``."""
-    from hybridflow.batch import Batch
-    from tasks.common import metrics_result, save_node_output
+    from tasks.common import save_node_output
+    from tasks.node import split_node_output
 
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Batch):
-        batch, metrics = out
-    elif isinstance(out, Batch):
-        batch, metrics = out, {}
-    elif isinstance(out, dict) and "node" in out and "ref" in out:
-        return out
-    elif isinstance(out, dict):
-        return metrics_result(output, out)
-    else:
-        raise TypeError(f"node returned {type(out).__name__}; expected Batch, (Batch, metrics) or metrics")
+    batch, metrics = split_node_output(output, out)
+    if batch is None:
+        return metrics
     for line in batch.meta.pop("logs", []):
         print(f"[worker] {line}")
     return save_node_output(run, output, batch, metrics)

@@ -67,19 +67,26 @@ def _annotations(fn: Callable) -> dict[str, Any]:
         return dict(getattr(fn, "__annotations__", {}))
 
 
-def _wrap_result(run: RunContext, name: str, out: Any) -> NodeResult:
+def split_node_output(name: str, out: Any) -> tuple[Batch | None, Any]:
+    """What a node returned, as ``(batch, metrics)`` for a Batch or (Batch, metrics) pair, or
+    ``(None, NodeResult)`` for a metrics dict or a NodeResult. Raises TypeError otherwise."""
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Batch):
-        batch, metrics = out
-    elif isinstance(out, Batch):
-        batch, metrics = out, {}
-    elif isinstance(out, dict) and "node" in out and "ref" in out:
-        return out
-    elif isinstance(out, dict):
-        return metrics_result(name, out)
-    else:
-        raise TypeError(f"node {name!r} returned {type(out).__name__}; expected Batch, (Batch, metrics) or metrics")
+        return out[0], out[1]
+    if isinstance(out, Batch):
+        return out, {}
+    if isinstance(out, dict) and "node" in out and "ref" in out:
+        return None, out
+    if isinstance(out, dict):
+        return None, metrics_result(name, out)
+    raise TypeError(f"node {name!r} returned {type(out).__name__}; expected Batch, (Batch, metrics) or metrics")
+
+
+def _wrap_result(run: RunContext, name: str, out: Any) -> NodeResult:
+    batch, rest = split_node_output(name, out)
+    if batch is None:
+        return rest
     logs = batch.meta.pop("logs", [])
-    result = save_node_output(run, name, batch, metrics)
+    result = save_node_output(run, name, batch, rest)
     forward_logs(get_run_logger(), name, {"logs": logs}, result["metrics"])
     return result
 
