@@ -192,6 +192,49 @@ class ReferenceConfig(_Section):
     micro_batch_trajectories: int = Field(8, gt=0, description="Trajectories per reference forward.")
 
 
+class RewardModelConfig(_Section):
+    """A learned reward model: ``AutoModelForSequenceClassification`` with one label, scoring the
+    whole conversation (Ouyang et al., "Training language models to follow instructions with human
+    feedback", 2022; verl's RewardModelWorker). Off while ``path`` is None."""
+
+    path: str | None = Field(
+        None,
+        description="Reward model: a local HF folder (sequence classification, num_labels=1, with its own "
+        "tokenizer), a hub id in the local cache (offline), or 'tiny' (a small random model + the char "
+        "tokenizer, for tests). None = no reward model.",
+    )
+    weight: float = Field(
+        1.0, ge=0, description="Multiplier of the model's score: 'add' → rule score + weight·rm; 'replace' → weight·rm."
+    )
+    combine: Literal["add", "replace"] = Field(
+        "add",
+        description="'add': final score = rule/custom score + weight·rm score; 'replace': final score = "
+        "weight·rm score and the rule/custom functions are not called.",
+    )
+    micro_batch_trajectories: int = Field(8, gt=0, description="Trajectories per reward-model forward.")
+    max_length: int = Field(
+        1024, gt=0,
+        description="Longest reward-model input in its own tokens; longer rows lose tokens from the left "
+        "(the prompt's start) and are counted in reward/rm_truncated.",
+    )
+    apply_chat_template: bool = Field(
+        True,
+        description="Render (prompt messages + the response as the assistant turn) with the reward model's "
+        "chat template when it has one; else the plain text prompt + response.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardModelConfig:
+        if self.path is None and self.combine == "replace":
+            raise ValueError("reward.model.combine='replace' needs reward.model.path (no reward model is set)")
+        if self.path is not None and self.weight == 0:
+            raise ValueError(
+                "reward.model.weight=0 with reward.model.path set: the model's score would be unused "
+                "(set a weight > 0, or reward.model.path=null)"
+            )
+        return self
+
+
 class RewardConfig(_Section):
     function: str | None = Field(
         None,
@@ -210,6 +253,18 @@ class RewardConfig(_Section):
         "boxed", description="What the format reward looks for: \\boxed{}, <answer></answer> or '#### N'."
     )
     sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit for sandboxed code execution.")
+    model: RewardModelConfig = Field(
+        default_factory=RewardModelConfig, description="Learned reward model (sequence classification); off by default."
+    )
+
+    @model_validator(mode="after")
+    def _check_model(self) -> RewardConfig:
+        if self.model.combine == "replace" and self.function is not None:
+            raise ValueError(
+                f"reward.function={self.function!r} is never called with reward.model.combine='replace'; "
+                "use combine='add' or drop reward.function"
+            )
+        return self
 
 
 class PoolConfig(_Section):

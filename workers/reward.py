@@ -1,11 +1,17 @@
-"""RewardWorker: decode responses, score them in the reward process pool, place token scores.
+"""RewardWorker: decode responses, score them (rule / custom functions and/or a reward model), place token scores.
 
-Scoring goes through :class:`hybridflow.rewards.RewardExecutor` (rule rewards selected by
-``data_source``, or ``reward.function``), which turns every failure of reward code (raise,
-NaN, timeout, crash) into ``reward.on_error`` and counts it. The score of a response goes on
-its last valid token of ``token_level_scores`` (0 elsewhere), as verl's reward managers do.
+Rule and custom rewards go through :class:`hybridflow.rewards.RewardExecutor` (rule rewards
+selected by ``data_source``, or ``reward.function``), which turns every failure of reward
+code (raise, NaN, timeout, crash) into ``reward.on_error`` and counts it.
 
-Not implemented: a reward *model* (sequence classification); only rule / custom functions.
+A reward *model* (``reward.model.path``; sequence classification with one label, verl's
+RewardModelWorker) is loaded once per rank when the worker starts and scores each response
+re-tokenized with its own tokenizer (:class:`hybridflow.models.RewardModelScorer`):
+``reward.model.combine="add"`` → score = rule score + weight·rm score; ``"replace"`` → score =
+weight·rm score, and the rule / custom functions are not called.
+
+The final score of a response goes on its last valid token of ``token_level_scores`` (0
+elsewhere), as verl's reward managers do.
 """
 
 from __future__ import annotations
@@ -55,7 +61,14 @@ class RewardWorker:
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.tokenizer = load_tokenizer(cfg.model)
-        self.executor = RewardExecutor(cfg.reward, plugins=cfg.trainer.plugins)
+        self.executor = RewardExecutor(cfg.reward, plugins=cfg.trainer.plugins)  # processes start on first use
+        self.reward_model = None
+        if cfg.reward.model.path is not None:
+            from hybridflow.models import RewardModelScorer
+
+            self.reward_model = RewardModelScorer.from_config(
+                cfg.reward.model, dtype=cfg.model.dtype, device=device, seed=cfg.trainer.seed
+            )
 
     def close(self) -> None:
         """Stop the reward processes."""
@@ -72,7 +85,9 @@ class RewardWorker:
     def _items(self, batch: Batch) -> list[Any]:
         from hybridflow.rewards import RewardItem
 
-        missing = [k for k in ("response_ids", "response_mask", "data_source", "ground_truth") if k not in batch]
+        rules_run = self._rules_run()
+        needed = ("response_ids", "response_mask", "data_source", *(("ground_truth",) if rules_run else ()))
+        missing = [k for k in needed if k not in batch]
         if missing:
             raise BatchError(f"compute_rewards: batch lacks {missing} (has {batch.keys()})")
         ids, mask = batch["response_ids"], batch["response_mask"]
@@ -80,59 +95,131 @@ class RewardWorker:
                                             skip_special_tokens=True)
         n = len(batch)
         prompts = batch.non_tensors.get("raw_prompt") or [""] * n
+        truths = batch.non_tensors.get("ground_truth") or [None] * n
         extra = batch.non_tensors.get("extra_info") or [None] * n
         uids = batch.non_tensors.get("uid") or [None] * n
         return [
-            RewardItem(batch["data_source"][i], texts[i], batch["ground_truth"][i], extra[i], prompts[i] or "",
+            RewardItem(batch["data_source"][i], texts[i], truths[i], extra[i], prompts[i] or "",
                        None if uids[i] is None else str(uids[i]))
             for i in range(n)
         ]
 
+    def _rules_run(self) -> bool:
+        """Whether the rule / custom functions are called (not with a reward model in 'replace' mode)."""
+        return self.reward_model is None or self.cfg.reward.model.combine == "add"
+
+    def _rule_results(self, items: list[Any]) -> Any:
+        from hybridflow.rewards import RewardResults
+
+        if self._rules_run():
+            return self.executor.score(items)
+        n = len(items)
+        return RewardResults(scores=[0.0] * n, extra={}, failures=[None] * n, metrics={}, logs=[])
+
     @dispatch("dp_scatter")
     def compute_rewards(self, batch: Batch) -> Batch:
-        """Adds ``token_level_scores`` [B, R] float32, non-tensors ``score`` (float per row),
+        """Adds ``token_level_scores`` [B, R] float32, non-tensors ``score`` (final float per row),
         ``reward_failure`` (None | "error" | "nan" | "timeout" | "crash") and the reward's extra
-        fields (e.g. ``acc``; a field whose name the batch already has is not overwritten).
-        meta["metrics"]: critic/score/{mean,max,min}, critic/score/<data_source>/mean and the
-        executor's reward/* metrics (counts of failures, per-source means), over all ranks.
+        fields (e.g. ``acc``; a field whose name the batch already has is not overwritten); with a
+        reward model also ``rm_score`` (its raw logit per row, before ``reward.model.weight``).
+        meta["metrics"]: critic/score/{mean,max,min}, critic/score/<data_source>/mean, the
+        executor's reward/* metrics (counts of failures, per-source means of the final score) and,
+        with a reward model, reward/rm_score/{mean,max,min}, reward/rm_truncated (rows cut to
+        reward.model.max_length) and reward/rule_score/mean ('add'), over all ranks.
         meta["logs"]: one line per failing row, for the task to forward.
         Raises BatchError for missing fields, UnknownDataSourceError for an unregistered source.
         """
         items = self._items(batch)
-        res = self.executor.score(items)
+        res = self._rule_results(items)
+        scores = [float(s) for s in res.scores]
+        rm = None
+        if self.reward_model is not None:
+            rm = self.reward_model.score(self._prompts(batch), [it.solution_str for it in items])
+            scores = combine_scores(scores, rm.scores, self.cfg.reward.model.weight, self.cfg.reward.model.combine)
         out = copy_batch(batch)
-        out.set("token_level_scores", place_scores(res.scores, batch["response_mask"]))
-        out.set("score", [float(s) for s in res.scores])
+        out.set("token_level_scores", place_scores(scores, batch["response_mask"]))
+        out.set("score", scores)
         out.set("reward_failure", list(res.failures))
+        if rm is not None:
+            out.set("rm_score", list(rm.scores))
         for key, values in res.extra.items():
             if key not in out:
                 out.set(key, [_jsonable(v) for v in values])
-        out.meta["metrics"] = {**batch.meta.get("metrics", {}), **self._metrics(items, res)}
+        metrics = self._metrics(items, scores, res)
+        if rm is not None:
+            metrics.update(self._rm_metrics(rm, [float(s) for s in res.scores]))
+        out.meta["metrics"] = {**batch.meta.get("metrics", {}), **metrics}
         out.meta["logs"] = list(res.logs)
         return out
 
-    def _metrics(self, items: list[Any], res: Any) -> dict[str, float]:
-        """Metrics over the rows of every rank (all-gathered when the pool has several)."""
-        from hybridflow.rewards.executor import _metrics as executor_metrics
+    def _prompts(self, batch: Batch) -> list[Any]:
+        """Each row's prompt for the reward model: ``raw_prompt`` (chat messages or text), else the
+        prompt ids decoded with the policy tokenizer (special tokens kept: they carry the format)."""
+        if batch.non_tensors.get("raw_prompt") is not None:
+            return list(batch["raw_prompt"])
+        if "prompt_ids" not in batch:
+            raise BatchError("compute_rewards: a reward model needs raw_prompt or prompt_ids in the batch")
+        ids, mask = batch["prompt_ids"], batch["prompt_mask"].bool()
+        return self.tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))])
 
-        rows = list(zip(items, res.scores, res.failures, _row_extras(res, len(items)), strict=True))
-        if D.is_distributed():
-            gathered: list[Any] = [None] * D.dist.get_world_size()
-            D.dist.all_gather_object(gathered, rows)
-            rows = [r for part in gathered for r in part]
+    def _metrics(self, items: list[Any], scores: list[float], res: Any) -> dict[str, float]:
+        """Metrics of the final scores over the rows of every rank (all-gathered when the pool has several)."""
+        from hybridflow.rewards.executor import reward_metrics
+
+        rows = list(zip(items, scores, res.failures, _row_extras(res, len(items)), strict=True))
+        rows = _gather_rows(rows)
         items, scores, failures, extras = (list(x) for x in zip(*rows, strict=True))
-        metrics = executor_metrics(items, scores, failures, extras)
+        metrics = reward_metrics(items, scores, failures, extras)
         metrics["critic/score/mean"] = sum(scores) / len(scores)
         metrics["critic/score/max"] = max(scores)
         metrics["critic/score/min"] = min(scores)
         for source in sorted({it.data_source for it in items}):
             vals = [s for it, s in zip(items, scores, strict=True) if it.data_source == source]
             metrics[f"critic/score/{source}/mean"] = sum(vals) / len(vals)
-        return {k: v for k, v in metrics.items() if isinstance(v, float | int) and math.isfinite(v)}
+        return _finite(metrics)
+
+    def _rm_metrics(self, rm: Any, rule_scores: list[float]) -> dict[str, float]:
+        """reward/rm_score/{mean,max,min} (raw logits), reward/rm_truncated (count of rows cut to
+        max_length) and, in 'add' mode, reward/rule_score/mean — over every rank's rows."""
+        rows = _gather_rows(list(zip(rm.scores, rm.truncated, rule_scores, strict=True)))
+        rm_scores = [r[0] for r in rows]
+        metrics = {
+            "reward/rm_score/mean": sum(rm_scores) / len(rm_scores),
+            "reward/rm_score/max": max(rm_scores),
+            "reward/rm_score/min": min(rm_scores),
+            "reward/rm_truncated": float(sum(r[1] for r in rows)),
+        }
+        if self._rules_run():
+            metrics["reward/rule_score/mean"] = sum(r[2] for r in rows) / len(rows)
+        return _finite(metrics)
+
+
+def combine_scores(rule_scores: list[float], rm_scores: list[float], weight: float, combine: str) -> list[float]:
+    """Final per-row scores: "add" → rule + weight·rm; "replace" → weight·rm (rule scores ignored).
+    Example: rule [1, 0], rm [0.5, -2], weight 2, add → [2.0, -4.0]; replace → [1.0, -4.0].
+    Raises ValueError for another ``combine``."""
+    if combine == "add":
+        return [float(r) + weight * float(m) for r, m in zip(rule_scores, rm_scores, strict=True)]
+    if combine == "replace":
+        return [weight * float(m) for m in rm_scores]
+    raise ValueError(f"reward.model.combine={combine!r}; allowed: add, replace")
+
+
+def _gather_rows(rows: list[Any]) -> list[Any]:
+    """Every rank's rows, rank by rank (the rows themselves on a single rank)."""
+    if not D.is_distributed():
+        return rows
+    gathered: list[Any] = [None] * D.dist.get_world_size()
+    D.dist.all_gather_object(gathered, rows)
+    return [r for part in gathered for r in part]
+
+
+def _finite(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if isinstance(v, float | int) and math.isfinite(v)}
 
 
 def _row_extras(res: Any, n: int) -> list[dict[str, Any]]:
     return [{k: v[i] for k, v in res.extra.items() if v[i] is not None} for i in range(n)]
 
 
-__all__ = ["RewardWorker", "place_scores"]
+__all__ = ["RewardWorker", "combine_scores", "place_scores"]

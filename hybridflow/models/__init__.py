@@ -15,17 +15,21 @@ from hybridflow.models.loading import (
 )
 from hybridflow.models.lora import adapter_disabled, apply_lora, is_lora_model, merged_named_tensors
 from hybridflow.models.resolve import ModelNotFoundError, ResolvedModel, resolve_model_path, smollm2_gguf_path
-from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
+from hybridflow.models.reward_model import RewardModelScorer, RewardModelScores, load_reward_model
+from hybridflow.models.tiny import build_tiny_model, build_tiny_reward_model, build_tiny_tokenizer
 from hybridflow.models.value import ValueModel, backbone_of, load_value_model, save_value_model
 
 __all__ = [
     "ModelNotFoundError",
     "ResolvedModel",
+    "RewardModelScorer",
+    "RewardModelScores",
     "ValueModel",
     "adapter_disabled",
     "apply_lora",
     "backbone_of",
     "build_tiny_model",
+    "build_tiny_reward_model",
     "build_tiny_tokenizer",
     "cache_root",
     "dequantize_gguf",
@@ -33,6 +37,7 @@ __all__ = [
     "hf_folder",
     "is_lora_model",
     "load_causal_lm",
+    "load_reward_model",
     "load_tokenizer",
     "load_value_model",
     "materialize_gguf",

@@ -7,7 +7,12 @@ token is its EOS ``<|im_end|>`` (as in SmolLM2-135M-Instruct).
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerFast,
+)
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -78,4 +83,33 @@ def build_tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
+    return model.float()
+
+
+def build_tiny_reward_model(
+    vocab_size: int, *, hidden_size: int = 32, layers: int = 2, seed: int = 0, pad_token_id: int = 2
+) -> LlamaForSequenceClassification:
+    """A random float32 ``LlamaForSequenceClassification`` with one label (a reward model).
+
+    Same shape conventions as :func:`build_tiny_model` (4 heads, 2 KV heads, MLP 2×hidden, 512
+    positions); ``pad_token_id`` is what transformers pools by (the last non-pad token's logit).
+    Initialised under ``torch.random.fork_rng`` seeded with ``seed`` (the caller's RNG is untouched).
+    """
+    if hidden_size % 4:
+        raise ValueError(f"hidden_size={hidden_size} must be a multiple of 4 (4 attention heads)")
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        num_labels=1,
+        pad_token_id=pad_token_id,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForSequenceClassification(config)
     return model.float()
