@@ -120,6 +120,9 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     os.environ.setdefault("RAY_num_workers_soft_limit", "8")
     # Ray's tqdm helper replaces print() in the driver, which undoes Prefect's log_prints
     os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+    # Ray starts workers at nice 15 by default; the pools' actors *are* the compute here, and at
+    # nice 15 any other process (Prefect server, driver) takes the CPU from them on a small machine
+    os.environ.setdefault("RAY_worker_niceness", "0")
     needed = sum(p.workers * p.cpus_per_worker for p in cfg.placement.pools.values())
     num_cpus = cfg.placement.ray_num_cpus or max(float(os.cpu_count() or 1), needed)
     num_gpus = sum(p.workers * p.gpus_per_worker for p in cfg.placement.pools.values())

@@ -174,6 +174,13 @@ class ActorConfig(_Section):
     entropy_coef: float = Field(0.0, description="Entropy bonus coefficient (subtracted from the loss).")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
     shuffle: bool = Field(False, description="Shuffle trajectories between mini-batches.")
+    old_log_probs: Literal["auto", "recompute", "rollout"] = Field(
+        "auto",
+        description="Where old_log_probs come from: 'recompute' = a trainer forward pass after rollout "
+        "(verl's default); 'rollout' = the rollout engine's own log-probs (saves that forward; the "
+        "rollout-vs-trainer gap is then measured on the first mini-batch of the update); 'auto' = "
+        "'rollout' for the in-process hf engine (same weights and precision: |diff| < 1e-4), else 'recompute'.",
+    )
 
 
 class CriticConfig(_Section):
@@ -356,6 +363,13 @@ class ExperimentConfig(_Section):
     @property
     def needs_reference(self) -> bool:
         return self.algorithm.use_kl_in_reward or self.actor.use_kl_loss
+
+    @property
+    def old_log_probs_from_rollout(self) -> bool:
+        """True when old_log_probs are the rollout engine's log-probs (no recompute forward)."""
+        if self.actor.old_log_probs == "auto":
+            return self.rollout.engine == "hf"
+        return self.actor.old_log_probs == "rollout"
 
     # ---- cross-field checks --------------------------------------------------------------------
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""rollout node: generate n responses per prompt and recompute old_log_probs on the same weights."""
+"""rollout node: generate n responses per prompt; old_log_probs are recomputed on the same weights,
+or taken from the engine's rollout_log_probs (``actor.old_log_probs``)."""
 
 from __future__ import annotations
 
@@ -20,5 +21,23 @@ def rollout(run: RunContext, prompts: Batch, policy_version: int | None = None) 
     sync_to_version(run, "policy", policy, policy_version)
     batch = policy.call("policy", "generate_sequences", prompts, seed=run.node_seed("rollout"))
     gen_metrics = batch.meta.pop("metrics", {})
+    if run.cfg().old_log_probs_from_rollout:
+        return policy_log_probs_from_rollout(batch), gen_metrics
     batch = policy.call("policy", "compute_log_probs", batch)
     return batch, {**gen_metrics, **batch.meta.pop("metrics", {})}
+
+
+def policy_log_probs_from_rollout(batch: Batch) -> Batch:
+    """old_log_probs := rollout_log_probs [B, R] float32, zero outside response_mask (the policy
+    update then measures the rollout-vs-trainer gap on its first mini-batch). Raises BatchError
+    when the engine gave no rollout_log_probs."""
+    from hybridflow.batch import BatchError
+
+    if "rollout_log_probs" not in batch:
+        raise BatchError("actor.old_log_probs='rollout' but the rollout engine returned no rollout_log_probs; "
+                         "set actor.old_log_probs=recompute")
+    from workers.policy import copy_batch
+
+    out = copy_batch(batch)
+    out.set("old_log_probs", batch["rollout_log_probs"].float().masked_fill(~batch["response_mask"], 0.0))
+    return out

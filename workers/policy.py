@@ -6,7 +6,8 @@ rollout engine generates with an *inference module* holding the same weights:
 - DDP / one rank: the trainer's own module object (the HF engine shares it; nothing to sync);
 - FSDP2 with several ranks: an unsharded copy, refreshed from the gathered full weights after
   every applied update (and after a checkpoint load);
-- an engine that owns its weights (vLLM): ``engine.load_weights`` of the merged HF-named weights.
+- an engine that owns its weights (vLLM): ``engine.load_weights`` of the merged HF-named weights;
+  with LoRA, only the adapter (``engine.load_lora_adapter``): the engine's base weights never change.
 
 Log-probs are recomputed on the inference module too (same weights, no collectives), on
 logits / ``rollout.temperature`` as the rollout reports them.
@@ -64,14 +65,36 @@ def sequence_log_probs(
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
     attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to(device)
     pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
-    logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False).logits
-    response_logits = logits[:, prompt_len - 1 : -1]
+    resp_len = batch["response_ids"].shape[1]
+    kwargs = {"logits_to_keep": resp_len + 1} if accepts_logits_to_keep(model) else {}
+    logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False, **kwargs).logits
+    # the LM head runs only on the last prompt position and the response positions when the model
+    # takes ``logits_to_keep`` (transformers ≥ 4.50); the prompt's other logits are never needed
+    response_logits = logits[:, -(resp_len + 1) : -1] if kwargs else logits[:, prompt_len - 1 : -1]
     log_probs = log_probs_from_logits(response_logits, batch["response_ids"].to(device), temperature=temperature)
     entropy = None
     if with_entropy:
         src = response_logits if entropy_grad else response_logits.detach()
         entropy = entropy_from_logits(src, temperature=temperature)
     return log_probs, entropy
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the (possibly DDP/FSDP/PEFT-wrapped) causal LM's forward takes ``logits_to_keep``."""
+    import inspect
+
+    inner = model
+    for _ in range(4):  # unwrap DDP (.module) and PEFT (.base_model.model)
+        if isinstance(getattr(inner, "module", None), nn.Module):
+            inner = inner.module
+        elif hasattr(inner, "get_base_model"):
+            inner = inner.get_base_model()
+        else:
+            break
+    try:
+        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def copy_batch(batch: Batch) -> Batch:
@@ -127,6 +150,8 @@ class PolicyWorker:
         self.optim = Optimization(self.model, self._optim_settings(), world_size=world_size, prefix="actor")
         self.versions = VersionedUpdates("policy", "actor")
         self.policy_loss = get_policy_loss(cfg.actor.policy_loss)
+        self._gap: list[float] | None = None
+        self._gap_before_step = 0
         self._sync_rollout_weights()
 
     def _optim_settings(self) -> OptimSettings:
@@ -139,15 +164,32 @@ class PolicyWorker:
 
     # ---- weights to the rollout engine ---------------------------------------------------------
     def _sync_rollout_weights(self) -> None:
-        """Give the engine the trainer's current weights (collective under FSDP2)."""
+        """Give the engine the trainer's current weights (collective under FSDP2).
+
+        The hf engine shares the inference module: nothing to send. An engine with its own copy
+        gets, with LoRA and a ``load_lora_adapter`` method (vLLM), only the adapter tensors
+        (``lora_A`` / ``lora_B``, PEFT names) and config, tagged with ``weights_version``;
+        otherwise the merged HF-named weights.
+        """
         if self.sharded:
             full = D.full_model_state_dict(self.model)
             C.load_weights_strict(self.inference_module, full, where="policy rollout copy")
-        if getattr(self.engine, "model", None) is not self.inference_module:
-            from hybridflow.models import merged_named_tensors
+        if getattr(self.engine, "model", None) is self.inference_module:
+            return
+        if self._syncs_adapter_only():
+            from hybridflow.models import lora_adapter_state
 
-            self.engine.wake_up()
-            self.engine.load_weights(merged_named_tensors(self.inference_module))
+            tensors, peft_config = lora_adapter_state(self.inference_module)
+            self.engine.load_lora_adapter(tensors, peft_config, self.versions.weights_version)
+            return
+        from hybridflow.models import merged_named_tensors
+
+        self.engine.wake_up()
+        self.engine.load_weights(merged_named_tensors(self.inference_module))
+
+    def _syncs_adapter_only(self) -> bool:
+        """LoRA is on and the engine takes adapters: its base weights stay those it loaded."""
+        return False
 
     # ---- dataflow steps ------------------------------------------------------------------------
     @dispatch("dp_scatter")
@@ -252,6 +294,11 @@ class PolicyWorker:
         if missing:
             raise BatchError(f"update_policy: batch lacks {missing} (has {batch.keys()})")
         self.model.train()
+        # old_log_probs from the rollout engine: measure the engine-vs-trainer gap for free on the
+        # micro-batches that run before the first optimizer step (weights still those of rollout)
+        measure_gap = self.cfg.old_log_probs_from_rollout and "rollout_log_probs" in batch
+        self._gap = [0.0, 0.0, 0.0] if measure_gap else None  # |diff| sum, token count, max
+        self._gap_before_step = self.optim.steps_applied
         metrics = self.optim.update(
             batch, self._micro_loss,
             mini_batch_trajectories=a.mini_batch_trajectories, micro_batch_trajectories=a.micro_batch_trajectories,
@@ -260,6 +307,11 @@ class PolicyWorker:
         )
         if a.use_kl_loss:
             metrics["actor/kl_coef"] = a.kl_loss_coef
+        if measure_gap:
+            tot = D.all_reduce_sum(torch.tensor(self._gap[:2], dtype=torch.float64)).tolist()
+            mx = D.all_reduce_max(torch.tensor([self._gap[2]], dtype=torch.float64)).tolist()
+            metrics["rollout/logprob_diff_max"] = mx[0]
+            metrics["rollout/logprob_diff_mean"] = tot[0] / max(tot[1], 1.0)
         tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
         metrics["perf/total_num_tokens"] = float(D.all_reduce_sum(torch.tensor([tokens], dtype=torch.float64)))
         metrics["perf/num_params"] = float(sum(p.numel() for p in D.unwrap(self.model).parameters()))
@@ -274,6 +326,11 @@ class PolicyWorker:
                                      entropy_grad=a.entropy_coef != 0)
         dev = lp.device
         mask = mb["response_mask"].to(dev)
+        if self._gap is not None and self.optim.steps_applied == self._gap_before_step:
+            diff = (lp.detach().float() - mb["rollout_log_probs"].to(dev)).abs().masked_fill(~mask, 0.0)
+            self._gap[0] += float(diff.sum())
+            self._gap[1] += float(mask.sum())
+            self._gap[2] = max(self._gap[2], float(diff.max()) if diff.numel() else 0.0)
         loss, m = self.policy_loss(
             lp, mb["old_log_probs"].to(dev), mb["advantages"].to(dev), mask,
             clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,

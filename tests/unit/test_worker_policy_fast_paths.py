@@ -1,0 +1,77 @@
+"""The policy's cheap paths give the same numbers as the slow ones: old_log_probs from the rollout
+engine instead of a recompute forward, the LM head only on response positions (logits_to_keep),
+and the fused AdamW step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.batch import BatchError
+from tasks.rollout import policy_log_probs_from_rollout
+from tests.unit._worker_helpers import prompt_batch, tiny_cfg, weights, with_advantages
+from workers.policy import PolicyWorker, accepts_logits_to_keep, sequence_log_probs
+
+
+def test_auto_takes_rollout_log_probs_only_for_the_hf_engine():
+    assert tiny_cfg().old_log_probs_from_rollout
+    assert not tiny_cfg("actor.old_log_probs=recompute").old_log_probs_from_rollout
+    assert not tiny_cfg("rollout.engine=vllm").old_log_probs_from_rollout
+    assert tiny_cfg("rollout.engine=vllm", "actor.old_log_probs=rollout").old_log_probs_from_rollout
+
+
+def test_logits_to_keep_gives_the_same_log_probs_as_the_full_head():
+    worker = PolicyWorker(tiny_cfg())
+    batch = worker.generate_sequences(prompt_batch(worker.tokenizer), seed=1)
+    model = worker.inference_module
+    assert accepts_logits_to_keep(model)
+    fast, _ = sequence_log_probs(model, batch, temperature=1.0)
+
+    class NoKeep(torch.nn.Module):  # a causal LM whose forward has no logits_to_keep
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, position_ids, use_cache):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids, use_cache=use_cache)
+
+    slow_model = NoKeep(model)
+    assert not accepts_logits_to_keep(slow_model)
+    slow, _ = sequence_log_probs(slow_model, batch, temperature=1.0)
+    mask = batch["response_mask"]
+    assert fast.shape == slow.shape == batch["response_ids"].shape
+    torch.testing.assert_close(fast[mask], slow[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_old_log_probs_from_rollout_equal_the_recompute_and_the_update_reports_the_gap():
+    cfg = tiny_cfg()  # auto + hf engine → rollout log-probs
+    a, b = PolicyWorker(cfg), PolicyWorker(tiny_cfg("actor.old_log_probs=recompute"))
+    gen = a.generate_sequences(prompt_batch(a.tokenizer), seed=1)
+    fast = with_advantages(policy_log_probs_from_rollout(gen))
+    slow = with_advantages(b.compute_log_probs(b.generate_sequences(prompt_batch(b.tokenizer), seed=1)))
+    mask = fast["response_mask"]
+    assert torch.equal(fast["response_ids"], slow["response_ids"])
+    assert (fast["old_log_probs"][~mask] == 0).all()
+    assert (fast["old_log_probs"] - slow["old_log_probs"]).abs()[mask].max() < 1e-4
+
+    m_fast = a.update_policy(fast, expected_version=0, batch_id="b0")
+    m_slow = b.update_policy(slow, expected_version=0, batch_id="b0")
+    assert 0 <= m_fast["rollout/logprob_diff_max"] < 1e-4
+    assert 0 <= m_fast["rollout/logprob_diff_mean"] <= m_fast["rollout/logprob_diff_max"]
+    assert "rollout/logprob_diff_max" not in m_slow  # measured by compute_log_probs instead
+    for name, w in weights(a.module).items():
+        torch.testing.assert_close(w, weights(b.module)[name], atol=1e-5, rtol=1e-4)
+
+
+def test_rollout_source_without_rollout_log_probs_is_a_clear_error():
+    worker = PolicyWorker(tiny_cfg())
+    gen = worker.generate_sequences(prompt_batch(worker.tokenizer), seed=1)
+    gen.tensors.pop("rollout_log_probs")
+    with pytest.raises(BatchError, match="actor.old_log_probs"):
+        policy_log_probs_from_rollout(gen)
+
+
+def test_plain_parameters_get_the_fused_adamw():
+    worker = PolicyWorker(tiny_cfg())
+    assert worker.optim.optimizer.defaults["fused"] is True
