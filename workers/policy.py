@@ -189,7 +189,7 @@ class PolicyWorker:
 
     def _syncs_adapter_only(self) -> bool:
         """LoRA is on and the engine takes adapters: its base weights stay those it loaded."""
-        return False
+        return self.cfg.model.lora_rank > 0 and hasattr(self.engine, "load_lora_adapter")
 
     # ---- dataflow steps ------------------------------------------------------------------------
     @dispatch("dp_scatter")

@@ -13,7 +13,13 @@ from hybridflow.models.loading import (
     tokenizer_stop_ids,
     torch_dtype,
 )
-from hybridflow.models.lora import adapter_disabled, apply_lora, is_lora_model, merged_named_tensors
+from hybridflow.models.lora import (
+    adapter_disabled,
+    apply_lora,
+    is_lora_model,
+    lora_adapter_state,
+    merged_named_tensors,
+)
 from hybridflow.models.resolve import ModelNotFoundError, ResolvedModel, resolve_model_path, smollm2_gguf_path
 from hybridflow.models.reward_model import RewardModelScorer, RewardModelScores, load_reward_model
 from hybridflow.models.tiny import build_tiny_model, build_tiny_reward_model, build_tiny_tokenizer
@@ -40,6 +46,7 @@ __all__ = [
     "load_reward_model",
     "load_tokenizer",
     "load_value_model",
+    "lora_adapter_state",
     "materialize_gguf",
     "merged_named_tensors",
     "plain_model_for_saving",

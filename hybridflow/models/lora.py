@@ -6,8 +6,10 @@ model with its adapters disabled *is* the initial policy (:func:`adapter_disable
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -84,3 +86,36 @@ def merged_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
             continue
         out = t.detach() + deltas[name] if name in deltas else t.detach()
         yield name.replace(".base_layer.", "."), out
+
+
+def lora_adapter_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The active LoRA adapter of a peft model as PEFT writes it to disk: (tensors, config).
+
+    tensors: ``peft.get_peft_model_state_dict`` — only ``lora_A`` / ``lora_B`` weights, named
+    as in ``adapter_model.safetensors`` (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``,
+    no adapter name), detached, contiguous. config: the adapter's ``LoraConfig`` as the JSON
+    ``adapter_config.json`` holds (sets → sorted lists, enums → their values, ``inference_mode``
+    True). This is what vLLM's LoRA loader reads from an adapter folder.
+    Raises ValueError for a model without adapters.
+    """
+    if not is_lora_model(model):
+        raise ValueError(f"{type(model).__name__} has no LoRA adapters")
+    from peft import get_peft_model_state_dict
+
+    name = model.active_adapter
+    tensors = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+    config = {k: _jsonable(v) for k, v in model.peft_config[name].to_dict().items()}
+    config["inference_mode"] = True
+    return tensors, config
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value

@@ -11,7 +11,12 @@ import torch
 
 from hybridflow.batch import Batch
 from hybridflow.config import ConfigError
-from hybridflow.models import ModelNotFoundError, build_tiny_model, build_tiny_reward_model, build_tiny_tokenizer
+from hybridflow.models import (
+    ModelNotFoundError,
+    build_tiny_model,
+    build_tiny_reward_model,
+    build_tiny_tokenizer,
+)
 from hybridflow.models.reward_model import pad_rows, truncate_left
 from tests.unit._worker_helpers import tiny_cfg
 from workers.reward import RewardWorker, combine_scores

@@ -9,24 +9,37 @@ sleep / wake_up / reset_prefix_cache``.
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from hybridflow.config import ModelConfig, RolloutConfig
-from hybridflow.models import build_tiny_model, build_tiny_tokenizer, save_hf_checkpoint
+from hybridflow.models import (
+    apply_lora,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    lora_adapter_state,
+    save_hf_checkpoint,
+)
+from tests.unit._worker_helpers import tiny_cfg
+from workers.policy import PolicyWorker
 from workers.rollout.base import SamplingParams, get_rollout_engine
 from workers.rollout.vllm import (
     VLLMRolloutEngine,
     build_requests,
     parse_request_outputs,
+    vllm_max_lora_rank,
     vllm_sampling_kwargs,
     vllm_weight_name,
     weight_buckets,
+    write_peft_adapter,
 )
 
 
@@ -180,10 +193,12 @@ class FakeLLM:
     def __init__(self, **kwargs):
         self.kwargs = kwargs
         self.calls: list[Any] = []
+        self.lora_requests: list[Any] = []
         self.worker = FakeWorker()
 
-    def generate(self, prompts, sampling_params, use_tqdm=True):
+    def generate(self, prompts, sampling_params, use_tqdm=True, lora_request=None):
         self.calls.append(("generate", prompts, sampling_params))
+        self.lora_requests.append(lora_request)
         outs = []
         for i, (_p, sp) in enumerate(zip(prompts, sampling_params, strict=True)):
             comps = [completion(j, [100 + i * 10 + j, sp.stop_token_ids[0]], [-1.0, -2.0], "stop") for j in range(sp.n)]
@@ -204,12 +219,28 @@ class FakeLLM:
         self.calls.append(("reset_prefix_cache",))
 
 
+@dataclass(kw_only=True)
+class FakeLoRARequest:  # vllm.lora.request.LoRARequest's fields; lora_int_id must be > 0
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+    def __post_init__(self):
+        if self.lora_int_id < 1:
+            raise ValueError(f"lora_int_id must be > 0, got {self.lora_int_id}")
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch):
     module = types.ModuleType("vllm")
     module.LLM = FakeLLM
     module.SamplingParams = FakeSamplingParams
+    lora = types.ModuleType("vllm.lora")
+    request = types.ModuleType("vllm.lora.request")
+    request.LoRARequest = FakeLoRARequest
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
     return module
 
 
@@ -260,3 +291,125 @@ def test_generate_sleep_and_weight_sync_sequence(fake_vllm):
     ]
     assert llm.calls[2] == ("wake_up", ["weights"]) and llm.calls[4] == ("wake_up", ["kv_cache"])
     assert not engine.sleeping
+
+
+# ---- LoRA: only the adapter goes to the engine ---------------------------------------------------
+def test_vllm_max_lora_rank_rounds_up_to_an_allowed_value():
+    assert [vllm_max_lora_rank(r) for r in (1, 2, 8, 9, 16, 300, 321, 512)] == [1, 8, 8, 16, 16, 320, 512, 512]
+    with pytest.raises(ValueError, match="lora_rank=513"):
+        vllm_max_lora_rank(513)
+
+
+def test_from_config_with_lora_enables_it(fake_vllm, tmp_path):
+    tok = build_tiny_tokenizer()
+    folder = save_hf_checkpoint(build_tiny_model(len(tok)), tok, tmp_path / "policy")
+    engine = VLLMRolloutEngine.from_config(tokenizer=tok, model_cfg=ModelConfig(path=str(folder), lora_rank=4),
+                                           rollout_cfg=RolloutConfig())
+    kw = engine.llm.kwargs
+    assert (kw["enable_lora"], kw["max_lora_rank"], kw["max_loras"]) == (True, 8, 1)  # rank 4 → vLLM's 8
+    assert kw["model"] == str(folder.resolve())  # the base weights come from the folder, once
+
+
+def _lora_policy(seed: int = 0, hidden: int = 16):
+    """A tiny LoRA policy whose adapters are random (B ≠ 0), as after some training."""
+    model = apply_lora(build_tiny_model(100, hidden_size=hidden, layers=1, seed=seed),
+                       ModelConfig(path="tiny", lora_rank=2, lora_alpha=4))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+    return model
+
+
+def _lora_params(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_" in n}
+
+
+def test_load_lora_adapter_writes_a_peft_folder_and_generate_uses_it(fake_vllm):
+    from peft import PeftModel
+
+    llm = FakeLLM()
+    engine = VLLMRolloutEngine(llm, pad_token_id=0)
+    ids, mask = torch.tensor([[5, 6]]), torch.tensor([[True, True]])
+    sampling = SamplingParams(max_new_tokens=2, stop_token_ids=(2,), seed=1)
+    engine.generate(ids, mask, sampling)
+    assert llm.lora_requests == [None]  # no adapter yet: the base model
+
+    trainer = _lora_policy()
+    tensors, peft_config = lora_adapter_state(trainer)
+    engine.load_lora_adapter(tensors, peft_config, version=3)
+    req = engine.lora_request
+    assert (req.lora_name, req.lora_int_id) == ("policy-v3", 1)
+    first = Path(req.lora_path)
+    assert sorted(p.name for p in first.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    # a real check that the folder is a valid adapter: peft loads it onto a fresh base and gets the
+    # trainer's adapter weights exactly, and the same outputs
+    loaded = PeftModel.from_pretrained(build_tiny_model(100, hidden_size=16, layers=1, seed=0), str(first))
+    want, got = _lora_params(trainer), _lora_params(loaded)
+    assert sorted(got) == sorted(want) and len(want) == 8  # q,k,v,o × (A, B) × 1 layer
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    x = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=x).logits, trainer(input_ids=x).logits)
+
+    engine.generate(ids, mask, sampling)
+    assert llm.lora_requests[-1] is req  # generate passes the current adapter
+
+    with torch.no_grad():
+        next(p for n, p in trainer.named_parameters() if "lora_B" in n).add_(1.0)  # an update
+    engine.load_lora_adapter(*lora_adapter_state(trainer), version=4)
+    new = engine.lora_request
+    assert (new.lora_name, new.lora_int_id) == ("policy-v4", 2) and Path(new.lora_path).is_dir()
+    assert not first.exists()  # the previous version's folder is gone
+    assert [c[0] for c in llm.calls].count("collective_rpc") == 0  # base weights were never sent
+    engine.generate(ids, mask, sampling)
+    assert llm.lora_requests[-1] is new
+
+
+def test_adapter_ids_are_not_reused_when_a_version_comes_back(fake_vllm):
+    # vLLM caches adapters by lora_int_id: an earlier version loaded again (checkpoint) gets a new id
+    engine = VLLMRolloutEngine(FakeLLM(), pad_token_id=0)
+    trainer = _lora_policy()
+    ids = []
+    for version in (0, 1, 0):
+        engine.load_lora_adapter(*lora_adapter_state(trainer), version=version)
+        ids.append(engine.lora_request.lora_int_id)
+    assert ids == [1, 2, 3]
+
+
+def test_write_peft_adapter_refuses_base_weights(tmp_path):
+    with pytest.raises(ValueError, match="not LoRA adapter tensors"):
+        write_peft_adapter(tmp_path / "a", {"model.layers.0.self_attn.q_proj.weight": torch.zeros(2, 2)}, {})
+    assert not (tmp_path / "a").exists()
+
+
+def _policy_with_fake_vllm(*overrides: str) -> tuple[PolicyWorker, FakeLLM]:
+    """A tiny PolicyWorker (hf engine; the config refuses vllm on CPU) whose engine is then
+    replaced by the vLLM adapter over a stand-in LLM, and synced once, as at start-up."""
+    worker = PolicyWorker(tiny_cfg(*overrides))
+    llm = FakeLLM()
+    worker.engine = VLLMRolloutEngine(llm, pad_token_id=worker.tokenizer.pad_token_id)
+    worker._sync_rollout_weights()
+    return worker, llm
+
+
+def test_policy_with_lora_sends_only_the_adapter(fake_vllm):
+    worker, llm = _policy_with_fake_vllm("model.lora_rank=2")
+    assert "collective_rpc" not in [c[0] for c in llm.calls]  # no base weight went through load_weights
+    req = worker.engine.lora_request
+    assert req.lora_name == "policy-v0"
+    sent = load_file(str(Path(req.lora_path) / "adapter_model.safetensors"))
+    # tiny policy: 1 layer × 4 target modules (q, k, v, o) × (lora_A, lora_B) = 8 tensors, nothing else
+    assert len(sent) == 8 and all(".lora_A." in n or ".lora_B." in n for n in sent)
+    trainer = {n.replace(".default.", "."): p for n, p in worker.inference_module.named_parameters() if p.requires_grad}
+    assert sent.keys() == trainer.keys()
+    assert all(torch.equal(sent[n], trainer[n].detach()) for n in sent)
+    config = json.loads((Path(req.lora_path) / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (2, 16, ["k_proj", "o_proj", "q_proj", "v_proj"])
+
+
+def test_policy_without_lora_still_sends_merged_weights(fake_vllm):
+    worker, llm = _policy_with_fake_vllm()
+    assert worker.engine.lora_request is None
+    assert sorted(llm.worker.loaded) == sorted(worker.inference_module.state_dict())

@@ -16,11 +16,21 @@ Conventions that match the HF engine:
   renormalised* distribution, which differs from the HF engine's full-distribution value;
   ``rollout/logprob_diff_max`` shows the gap;
 * seeds: prompt i gets ``seed + i*n``; vLLM gives its j-th sample ``seed + i*n + j``.
+
+LoRA (``model.lora_rank > 0``): vLLM is built with ``enable_lora=True`` and holds the base
+weights it loaded from the folder, which never change; after every update the trainer's
+adapter is written as a PEFT folder and each ``generate`` passes a ``LoRARequest`` for it
+(:meth:`VLLMRolloutEngine.load_lora_adapter`), as verl does. Only the adapter crosses.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +46,7 @@ from workers.rollout.base import (
 )
 
 DEFAULT_BUCKET_BYTES = 512 << 20
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vllm's LoRAConfig.max_lora_rank accepts
 
 
 # ---- requests ------------------------------------------------------------------------------------
@@ -149,6 +160,38 @@ def load_weights_on_worker(worker: Any, weights: list[tuple[str, Tensor]]) -> in
     return len(weights)
 
 
+# ---- LoRA adapters -------------------------------------------------------------------------------
+def vllm_max_lora_rank(lora_rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``lora_rank`` (e.g. 4 → 8, 16 → 16).
+    Raises ValueError above 512 (vLLM's largest)."""
+    for allowed in VLLM_MAX_LORA_RANKS:
+        if lora_rank <= allowed:
+            return allowed
+    raise ValueError(f"model.lora_rank={lora_rank} is above vLLM's largest max_lora_rank {VLLM_MAX_LORA_RANKS[-1]}")
+
+
+def write_peft_adapter(folder: Path, adapter_tensors: Mapping[str, Tensor], peft_config: Mapping[str, Any]) -> Path:
+    """Write a PEFT adapter folder atomically: ``adapter_model.safetensors`` + ``adapter_config.json``.
+
+    adapter_tensors: PEFT on-disk names (``base_model.model.….lora_A.weight``) → tensors (copied to
+    CPU, contiguous); peft_config: the JSON of ``adapter_config.json`` (see
+    :func:`hybridflow.models.lora_adapter_state`). Raises FileExistsError when ``folder`` exists;
+    ValueError for a tensor that is not a ``lora_A`` / ``lora_B`` weight (base weights never go here).
+    """
+    from safetensors.torch import save_file
+
+    from hybridflow.models.fsutil import atomic_directory
+
+    bad = [n for n in adapter_tensors if ".lora_A." not in n and ".lora_B." not in n]
+    if bad:
+        raise ValueError(f"not LoRA adapter tensors: {bad[:3]}{' …' if len(bad) > 3 else ''}")
+    with atomic_directory(folder) as tmp:
+        save_file({n: t.detach().cpu().contiguous() for n, t in adapter_tensors.items()},
+                  str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (tmp / "adapter_config.json").write_text(json.dumps(dict(peft_config), indent=2, sort_keys=True))
+    return folder
+
+
 @register_rollout_engine("vllm")
 class VLLMRolloutEngine:
     """Rollouts with vLLM's offline engine; weights synced in place from the trainer.
@@ -164,6 +207,9 @@ class VLLMRolloutEngine:
         self.pad_token_id = int(pad_token_id)
         self.bucket_bytes = bucket_bytes
         self.sleeping = False
+        self.lora_request: Any = None  # vllm LoRARequest of the current adapter; None = base weights only
+        self._lora_root: Path | None = None
+        self._lora_loads = 0
 
     @classmethod
     def from_config(
@@ -180,13 +226,18 @@ class VLLMRolloutEngine:
         """Build ``vllm.LLM`` on the policy's HF folder (a GGUF's safetensors cache for GGUF models).
 
         ``model`` (the trainer's module) is not used here: vLLM loads its own copy, and the
-        trainer's weights arrive through :meth:`load_weights`.
+        trainer's weights arrive through :meth:`load_weights`. With ``model_cfg.lora_rank > 0`` vLLM
+        is built with ``enable_lora=True``, ``max_lora_rank`` = the rank rounded up to a value vLLM
+        accepts and ``max_loras=1``; the adapter arrives through :meth:`load_lora_adapter`.
         """
         from vllm import LLM  # lazy: the GPU extra
 
         from hybridflow.models import hf_folder, resolve_model_path
 
         folder = str(hf_folder(resolve_model_path(model_cfg.path)))
+        lora: dict[str, Any] = {}
+        if model_cfg.lora_rank > 0:  # one adapter at a time: the trainer's current one
+            lora = {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(model_cfg.lora_rank), "max_loras": 1}
         llm = LLM(
             model=folder,
             tokenizer=folder,
@@ -197,6 +248,7 @@ class VLLMRolloutEngine:
             enable_sleep_mode=True,
             logprobs_mode="processed_logprobs",
             max_model_len=max_model_len,
+            **lora,
         )
         return cls(llm, pad_token_id=tokenizer.pad_token_id)
 
@@ -208,7 +260,8 @@ class VLLMRolloutEngine:
             self.wake_up()
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**31, ()).item())
         prompts, params = build_requests(prompt_ids, prompt_mask, sampling, VLLMSamplingParams, seed)
-        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
+        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False, **lora)
         return parse_request_outputs(outputs, sampling, self.pad_token_id)
 
     def load_weights(self, named_tensors: NamedTensors) -> None:
@@ -226,6 +279,33 @@ class VLLMRolloutEngine:
         if was_sleeping:
             self.llm.wake_up(tags=["kv_cache"])
             self.sleeping = False
+        self.llm.reset_prefix_cache()
+
+    def load_lora_adapter(self, adapter_tensors: Mapping[str, Tensor], peft_config: Mapping[str, Any],
+                          version: int) -> None:
+        """Use the trainer's LoRA adapter (weights_version ``version``) for the following generations.
+
+        The adapter is written as a PEFT folder (:func:`write_peft_adapter`) into a new folder of
+        this engine's private temporary directory, and remembered as ``LoRARequest(lora_name=
+        "policy-v<version>", lora_int_id=<k>, lora_path=<folder>)`` where k counts this engine's
+        loads (1, 2, …): vLLM caches adapters by id, so an id is never reused for other weights,
+        also when a checkpoint load brings an earlier ``version`` back. The previous adapter's
+        folder is deleted afterwards (vLLM's LRU with ``max_loras=1`` drops the old adapter when
+        it loads the new one, at the next generate). Base weights are not touched; the prefix
+        cache is reset. The directory is removed when the engine is garbage-collected.
+        """
+        from vllm.lora.request import LoRARequest
+
+        if self._lora_root is None:
+            self._lora_root = Path(tempfile.mkdtemp(prefix="hybridflow-vllm-lora-"))
+            weakref.finalize(self, shutil.rmtree, str(self._lora_root), True)
+        self._lora_loads += 1
+        name = f"policy-v{version}"
+        folder = write_peft_adapter(self._lora_root / f"{name}-{self._lora_loads}", adapter_tensors, peft_config)
+        old = self.lora_request
+        self.lora_request = LoRARequest(lora_name=name, lora_int_id=self._lora_loads, lora_path=str(folder))
+        if old is not None:
+            shutil.rmtree(old.lora_path, ignore_errors=True)
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
