@@ -153,10 +153,16 @@ class RewardWorker:
         return out
 
     def _prompts(self, batch: Batch) -> list[Any]:
-        """Each row's prompt for the reward model: ``raw_prompt`` (chat messages or text), else the
+        """Each row's prompt for the reward model: ``raw_chat`` (the dataset's chat messages, rendered
+        with the reward model's own template), else ``raw_prompt`` (text), else the
         prompt ids decoded with the policy tokenizer (special tokens kept: they carry the format)."""
-        if batch.non_tensors.get("raw_prompt") is not None:
-            return list(batch["raw_prompt"])
+        chats = batch.non_tensors.get("raw_chat")
+        texts = batch.non_tensors.get("raw_prompt")
+        if chats is not None or texts is not None:  # chat messages where the row has them, else text
+            n = len(batch)
+            chats, texts = chats or [None] * n, texts or [None] * n
+            if all(c is not None or t is not None for c, t in zip(chats, texts, strict=True)):
+                return [c if c is not None else t for c, t in zip(chats, texts, strict=True)]
         if "prompt_ids" not in batch:
             raise BatchError("compute_rewards: a reward model needs raw_prompt or prompt_ids in the batch")
         ids, mask = batch["prompt_ids"], batch["prompt_mask"].bool()

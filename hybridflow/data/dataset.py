@@ -103,7 +103,8 @@ class PromptDataset:
         """A Batch of prompts ``indices``: ``prompt_ids`` [B, P] int64 left-padded with
         ``pad_token_id`` (P = longest prompt among them), ``prompt_mask`` [B, P] bool (True =
         token), non-tensors ``uid``, ``data_source``, ``ground_truth``, ``extra_info``,
-        ``raw_prompt`` (the rendered prompt text)."""
+        ``raw_prompt`` (the rendered prompt text), ``raw_chat`` (the row's chat messages, or None
+        for a plain-text prompt: a reward model re-renders them with its own chat template)."""
         if not indices:
             raise ValueError("collate of no indices")
         width = max(len(self.ids[i]) for i in indices)
@@ -120,6 +121,7 @@ class PromptDataset:
             "ground_truth": [r.ground_truth for r in rows],
             "extra_info": [r.extra_info for r in rows],
             "raw_prompt": [self.texts[i] for i in indices],
+            "raw_chat": [r.prompt if isinstance(r.prompt, list) else None for r in rows],
         }
         return Batch.from_dict({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}, non_tensors)
 

@@ -55,6 +55,7 @@ def test_collate_left_pads_with_the_pad_id():
     assert batch["uid"] == ["f-1", "f-0"] and batch["ground_truth"] == ["4", "3"]
     assert batch["data_source"] == ["arith", "arith"] and batch["extra_info"] == [{"index": 1}, {"index": 0}]
     assert batch["raw_prompt"][0] == tok.decode(ds[1]["prompt_ids"])
+    assert batch["raw_chat"][0] == ds.rows[1].prompt and isinstance(batch["raw_chat"][0], list)  # the messages
     json.dumps(batch.non_tensors)  # every non-tensor field is JSON-serialisable
 
 

@@ -270,3 +270,17 @@ def test_unknown_or_wrong_model_path_names_the_field(tmp_path):
     tok.save_pretrained(tmp_path / "lm")
     with pytest.raises(ValueError, match=r"reward\.model\.path=.*LlamaForCausalLM.*ForSequenceClassification"):
         RewardWorker(tiny_cfg(f"reward.model.path={tmp_path / 'lm'}"))
+
+
+def test_dataset_chat_messages_win_over_the_rendered_text(replace_worker):
+    # the dataset gives both raw_prompt (policy-rendered text) and raw_chat (messages): the reward
+    # model must see its own rendering of the messages, not the policy's text
+    w = replace_worker
+    rendered = [f"SYSTEM of the policy\n{q}\n" for q in QUESTIONS]
+    batch = _batch(w.tokenizer, rendered)
+    batch.set("raw_chat", _messages())
+    out = w.compute_rewards(batch)
+    tok = w.reward_model.tokenizer
+    expected = [_logit(w.reward_model.model, tok(_chatml(q, r), add_special_tokens=False).input_ids)
+                for q, r in zip(QUESTIONS, RESPONSES, strict=True)]
+    torch.testing.assert_close(torch.tensor(out["rm_score"]), torch.tensor(expected))
