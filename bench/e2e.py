@@ -9,7 +9,11 @@ same samples per prompt, max response tokens, temperature 1 with no top-k/top-p,
 epoch, no KL so no reference model, lr 1e-6 constant, grad clip 1, the same rule reward.
 TRL: ``use_vllm=False, bf16=False, gradient_checkpointing=False``, ``beta=0``,
 ``steps_per_generation = trajectories / micro`` so one generation feeds exactly one iteration's
-optimizer steps; both frameworks then compute old log-probs with an extra forward pass.
+optimizer steps. With more than one optimizer step per generation TRL computes old log-probs with
+an extra forward pass; hybridflow (``actor.old_log_probs=auto`` with the hf engine) takes them
+from the rollout engine, which sampled with the same weights (gap logged as
+``rollout/logprob_diff_max``). ``--extra actor.old_log_probs=recompute`` makes hybridflow do the
+extra pass too.
 
 Runs alternate inside TRL's own training loop: a callback at the end of each TRL iteration runs
 one hybridflow iteration per ``--runners`` entry (the Prefect task runner), so every side sees
@@ -157,16 +161,17 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(s: Settings, repeats: int, task_runners: list[str]) -> dict[str, Any]:
+def measure(s: Settings, repeats: int, task_runners: list[str], extra: dict[str, str] | None = None) -> dict[str, Any]:
     rows = common.arith_rows(256, seed=s.seed)
-    runner = HybridflowRunner(s, prompts=256).start()
+    runner = HybridflowRunner(s, prompts=256, extra_overrides=dict(extra or {})).start()
     try:
         alt = Alternation(s.trajectories // s.mini_batch_trajectories, runner, task_runners)
         run_trl(s, rows, repeats + 1, alt)
     finally:
         runner.stop()
     rounds = alt.rounds[1:]  # the first round warms both sides up
-    return {"settings": vars(s) | {"trajectories": s.trajectories}, "repeats": len(rounds),
+    return {"settings": vars(s) | {"trajectories": s.trajectories, "hybridflow_overrides": dict(extra or {})},
+            "repeats": len(rounds),
             "task_runners": task_runners, "rounds": rounds, "warmup_round": alt.rounds[0], **summarize(rounds)}
 
 
@@ -209,15 +214,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads on each side")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up round)")
     p.add_argument("--runners", type=_csv, default=["ray", "thread"], help="hybridflow task runners to alternate")
+    p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="a dotted hybridflow config override (repeatable), e.g. actor.old_log_probs=recompute")
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
+    bad = [x for x in args.extra if "=" not in x]
+    if bad:
+        p.error(f"--extra takes KEY=VALUE, got {bad}")
     common.exit_cleanly_on_sigterm()
     common.set_threads(args.threads)
     s = Settings(model=args.model, prompts_per_step=args.prompts_per_step, samples_per_prompt=args.samples_per_prompt,
                  max_response_tokens=args.max_response_tokens, mini_batch_trajectories=args.mini,
                  micro_batch_trajectories=args.micro, threads=args.threads)
-    common.write_result_and_render("e2e", measure(s, args.repeats, args.runners), render, out=args.out,
+    extra = dict(x.split("=", 1) for x in args.extra)
+    common.write_result_and_render("e2e", measure(s, args.repeats, args.runners, extra), render, out=args.out,
                                    docs=not args.no_docs)
     return 0
 

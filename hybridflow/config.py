@@ -387,6 +387,12 @@ class ExperimentConfig(_Section):
                 )
             if mini % micro:
                 raise ValueError(f"{sec}.micro_batch_trajectories={micro} must divide {sec}.mini_batch_trajectories={mini}")
+        buf = self.algorithm.overlong_buffer
+        if buf.enable and buf.buffer_tokens > self.rollout.max_response_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer.buffer_tokens={buf.buffer_tokens} must be <= "
+                f"rollout.max_response_tokens={self.rollout.max_response_tokens} (the ramp ends at the maximum length)"
+            )
         if self.algorithm.use_kl_in_reward and self.actor.use_kl_loss and not self.algorithm.allow_kl_in_reward_and_loss:
             raise ValueError(
                 "algorithm.use_kl_in_reward and actor.use_kl_loss are both on (KL counted twice); "

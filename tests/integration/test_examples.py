@@ -66,6 +66,8 @@ def test_example_trains_one_iteration(prefect_api, ray_cluster, task_files, tmp_
         "rollout.samples_per_prompt": "2",
         "rollout.max_response_tokens": "8",
     })
+    if own.algorithm.overlong_buffer.enable:  # the ramp must fit in the 8 tokens
+        ov.append("algorithm.overlong_buffer.buffer_tokens=4")
     if own.needs_critic:
         ov.append("placement.pools.critic.cpus_per_worker=0.5")
     summary = train(config_path=str(EXAMPLES / example), overrides=ov)

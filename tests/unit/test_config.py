@@ -46,6 +46,16 @@ def test_critic_required_for_gae():
         load_config(None, ["algorithm.adv_estimator=gae", "placement.pools.main.roles=[policy]"])
 
 
+def test_overlong_buffer_longer_than_the_responses_is_a_config_error():
+    # caught when the config loads, not inside the advantage node after the pools started
+    ov = ["algorithm.overlong_buffer.enable=true", "rollout.max_response_tokens=8"]
+    with pytest.raises(ConfigError, match=r"overlong_buffer.buffer_tokens=24 must be <= rollout.max_response_tokens=8"):
+        load_config(None, [*ov, "algorithm.overlong_buffer.buffer_tokens=24"])
+    assert load_config(None, [*ov, "algorithm.overlong_buffer.buffer_tokens=8"]).algorithm.overlong_buffer.enable
+    # disabled: the buffer length is not used, so it is not checked
+    load_config(None, ["rollout.max_response_tokens=8", "algorithm.overlong_buffer.buffer_tokens=24"])
+
+
 def test_double_kl_needs_explicit_allow():
     ov = ["algorithm.use_kl_in_reward=true", "actor.use_kl_loss=true"]
     with pytest.raises(ConfigError, match="both on"):
