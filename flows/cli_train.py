@@ -8,7 +8,6 @@ summary, and stops what it started.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -26,12 +25,14 @@ def print_summary(summary: dict, prefect_url: str | None) -> None:
     from rich.table import Table
 
     table = Table(title="hybridflow run summary", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # paths are folded, never cut with an ellipsis
     rows = [
         ("run dir", summary.get("run_dir")),
         ("iterations", summary.get("iterations")),
-        ("reward (first → last iteration)", f"{summary.get('reward_first')} → {summary.get('reward_last')}"),
-        ("validation before", json.dumps(summary.get("val_before"))),
-        ("validation after", json.dumps(summary.get("val_after"))),
+        ("reward (first → last iteration)", f"{_num(summary.get('reward_first'))} → {_num(summary.get('reward_last'))}"),
+        ("validation before", _vals(summary.get("val_before"))),
+        ("validation after", _vals(summary.get("val_after"))),
         ("checkpoint", summary.get("checkpoint")),
         ("MLflow run", f"{summary.get('mlflow_run_id')} at {summary.get('mlflow_uri')}"),
         ("Prefect flow run", summary.get("prefect_flow_run_id")),
@@ -41,13 +42,23 @@ def print_summary(summary: dict, prefect_url: str | None) -> None:
     console = Console()
     console.print(table)
     uri = summary.get("mlflow_uri", "sqlite:///mlflow.db")
-    console.print("Open the UIs on this run:")
-    console.print(f"  MLflow:  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
     home = summary.get("prefect_home") or "<prefect home>"
-    console.print(f"  Prefect: PREFECT_HOME={home} .venv/bin/prefect server start --host 127.0.0.1 "
-                  f"  (then open http://127.0.0.1:4200/runs/flow-run/{summary.get('prefect_flow_run_id')})")
+    # plain print: the commands must stay on one line each to be copied
+    print("Open the UIs on this run:")
+    print(f"  MLflow:  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
+    print(f"  Prefect: PREFECT_HOME={home} .venv/bin/prefect server start --host 127.0.0.1")
+    print(f"           then open http://127.0.0.1:4200/runs/flow-run/{summary.get('prefect_flow_run_id')}")
     if prefect_url:
-        console.print(f"  (Prefect API used by this run: {prefect_url})")
+        print(f"  (Prefect API used by this run: {prefect_url})")
+    sys.stdout.flush()
+
+
+def _num(x: object) -> str:
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def _vals(metrics: dict | None) -> str:
+    return ", ".join(f"{k.removeprefix('val-core/')} = {_num(v)}" for k, v in (metrics or {}).items()) or "—"
 
 
 def _load(args: argparse.Namespace):
