@@ -19,7 +19,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
-# the demo's data: generated arithmetic (difficulty 1: base model ~25-30% greedy), held-out test split
+# the demo's data: generated arithmetic (difficulty 1: base model ~10% greedy, docs/results.md), held-out test split
 ARITH := data/arith/train.parquet
 $(ARITH): | $(STAMP)
 	$(BIN)/hybridflow data arith --n 1500 --difficulty 1 --seed 0 --out $@ \

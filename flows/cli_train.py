@@ -109,7 +109,22 @@ def drain_prefect_services(timeout_s: float = 20.0) -> None:
         pass
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (``timeout``, ``kill``, a scheduler stopping the job) unwinds like Ctrl-C, so the
+    ``finally`` below stops Ray and the Prefect server this command started instead of leaving
+    them orphaned. Exit status 143 (128 + SIGTERM)."""
+    import signal
+    import threading
+
+    def _terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+
+
 def run(args: argparse.Namespace) -> int:
+    stop_on_sigterm()
     cfg, resume = _load(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _preflight(cfg, resume)  # data, model, reward function, run dir: before any server starts

@@ -65,7 +65,8 @@ def check_models(cfg: ExperimentConfig) -> None:
     """Resolve every model location the run will load (offline; nothing is read yet)."""
     from hybridflow.models.resolve import resolve_model_path
 
-    keys = [("model.path", cfg.model.path), ("model.tokenizer_path", cfg.model.tokenizer_path)]
+    keys = [("model.path", cfg.model.path), ("model.tokenizer_path", cfg.model.tokenizer_path),
+            ("reward.model.path", cfg.reward.model.path)]
     if cfg.needs_critic:
         keys.append(("critic.model_path", cfg.critic.model_path))
     for key, value in keys:
@@ -75,6 +76,18 @@ def check_models(cfg: ExperimentConfig) -> None:
             resolve_model_path(value)
         except (FileNotFoundError, ValueError) as e:
             raise PreflightError(f"{key}={value!r}: {e}") from None
+
+
+def check_engine(cfg: ExperimentConfig) -> None:
+    """The rollout engine's package is importable here (the vLLM engine is the ``vllm`` extra and
+    needs a CUDA GPU); checked before any server starts, not when the pool builds the engine."""
+    import importlib.util
+
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise PreflightError(
+            "rollout.engine='vllm' needs the vllm package, which is not installed "
+            "(pip install -e '.[vllm]' on a machine with a CUDA GPU); on CPU use rollout.engine=hf"
+        )
 
 
 def _load_split(key: str, files: list[str], cfg: ExperimentConfig, tokenizer: Any) -> tuple[Any, Any]:
@@ -164,10 +177,11 @@ def check_reward_function(cfg: ExperimentConfig) -> None:
 def preflight(cfg: ExperimentConfig) -> dict[str, float]:
     """Every check above, cheapest first. Returns the data report (counts of skipped rows...)."""
     check_run_dir(cfg)
+    check_engine(cfg)
     data = load_datasets(cfg)
     check_reward_function(cfg)
     return data.report
 
 
-__all__ = ["PreflightError", "Datasets", "preflight", "check_run_dir", "check_models", "load_datasets",
-           "check_reward_function"]
+__all__ = ["PreflightError", "Datasets", "preflight", "check_run_dir", "check_engine", "check_models",
+           "load_datasets", "check_reward_function"]

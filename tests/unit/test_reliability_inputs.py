@@ -133,6 +133,23 @@ def test_model_path_that_does_not_exist(tmp_path, capsys, no_servers, good_data)
     assert f"model.path={str(missing)!r}" in err and "does not exist" in err
 
 
+def test_reward_model_path_that_does_not_exist(tmp_path, capsys, no_servers, good_data):
+    missing = tmp_path / "no-such-rm"
+    code, err = run_cli(args_for(tmp_path, good_data, **{"reward.model.path": str(missing)}), capsys)
+    assert code == 2
+    assert f"reward.model.path={str(missing)!r}" in err and "does not exist" in err
+
+
+def test_vllm_engine_without_vllm_installed(tmp_path, capsys, no_servers, good_data, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    code, err = run_cli(args_for(tmp_path, good_data, **{"rollout.engine": "vllm", "trainer.device": "auto"}), capsys)
+    assert code == 2
+    assert "rollout.engine='vllm' needs the vllm package" in err and "rollout.engine=hf" in err
+
+
 def test_reward_function_that_does_not_import(tmp_path, capsys, no_servers, good_data):
     bad = tmp_path / "my_reward.py"
     bad.write_text("import no_such_module_hybridflow\n\ndef compute_score(data_source, solution_str, ground_truth):\n"
