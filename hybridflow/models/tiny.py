@@ -64,9 +64,18 @@ def build_tiny_model(
     same weights, and the caller's global RNG state is left untouched.
     Default special ids match :func:`build_tiny_tokenizer` (and SmolLM2: pad = eos).
     """
+    config = _tiny_llama_config(
+        vocab_size, hidden_size, layers, tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+    )
+    return _seeded(LlamaForCausalLM, config, seed)
+
+
+def _tiny_llama_config(vocab_size: int, hidden_size: int, layers: int, **extra: object) -> LlamaConfig:
+    """The tiny models' shape: 4 heads, 2 KV heads, MLP 2×hidden, 512 positions, float32."""
     if hidden_size % 4:
         raise ValueError(f"hidden_size={hidden_size} must be a multiple of 4 (4 attention heads)")
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -74,15 +83,16 @@ def build_tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=bos_token_id,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
         dtype="float32",
+        **extra,
     )
+
+
+def _seeded(model_cls: type, config: LlamaConfig, seed: int):
+    """``model_cls(config)`` initialised under ``fork_rng`` seeded with ``seed``, in float32."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = model_cls(config)
     return model.float()
 
 
@@ -95,21 +105,5 @@ def build_tiny_reward_model(
     positions); ``pad_token_id`` is what transformers pools by (the last non-pad token's logit).
     Initialised under ``torch.random.fork_rng`` seeded with ``seed`` (the caller's RNG is untouched).
     """
-    if hidden_size % 4:
-        raise ValueError(f"hidden_size={hidden_size} must be a multiple of 4 (4 attention heads)")
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        num_labels=1,
-        pad_token_id=pad_token_id,
-        dtype="float32",
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForSequenceClassification(config)
-    return model.float()
+    config = _tiny_llama_config(vocab_size, hidden_size, layers, num_labels=1, pad_token_id=pad_token_id)
+    return _seeded(LlamaForSequenceClassification, config, seed)

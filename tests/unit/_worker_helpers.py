@@ -44,6 +44,24 @@ def prompt_batch(tokenizer, prompts: tuple[str, ...] = ("1+1=", "22+3=")) -> Bat
     )
 
 
+def response_batch(tokenizer, responses: list[str], truths: list[str], width: int = 12, **non_tensors) -> Batch:
+    """Right-padded responses, each ending with the EOS token (which decoding drops), with the
+    non-tensor fields a reward needs (uids u0, u0, u1, ...; data_source arith) plus ``non_tensors``."""
+    eos = tokenizer.eos_token_id
+    rows = [tokenizer(r, add_special_tokens=False).input_ids + [eos] for r in responses]
+    ids = torch.full((len(rows), width), eos, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = True
+    n = len(rows)
+    return Batch.from_dict(
+        {"response_ids": ids, "response_mask": mask},
+        {"uid": ["u0", "u0", "u1"][:n], "data_source": ["arith"] * n, "ground_truth": truths,
+         "extra_info": [None] * n, **non_tensors},
+    )
+
+
 def with_advantages(batch: Batch, seed: int = 0) -> Batch:
     """Random advantages (fixed seed) on the response positions, 0 elsewhere."""
     g = torch.Generator().manual_seed(seed)

@@ -18,7 +18,7 @@ from hybridflow.models import (
     build_tiny_tokenizer,
 )
 from hybridflow.models.reward_model import pad_rows, truncate_left
-from tests.unit._worker_helpers import tiny_cfg
+from tests.unit._worker_helpers import response_batch, tiny_cfg
 from workers.reward import RewardWorker, combine_scores
 
 QUESTIONS = ["1+1=", "22+3=", "7*6="]
@@ -27,20 +27,7 @@ TRUTHS = ["2", "25", "42"]
 
 
 def _batch(tokenizer, raw_prompts: list, width: int = 12) -> Batch:
-    """Right-padded responses (each ends with <|im_end|>, which decoding drops)."""
-    eos = tokenizer.eos_token_id
-    rows = [tokenizer(r, add_special_tokens=False).input_ids + [eos] for r in RESPONSES]
-    ids = torch.full((len(rows), width), eos, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = True
-    n = len(rows)
-    return Batch.from_dict(
-        {"response_ids": ids, "response_mask": mask},
-        {"uid": ["u0", "u0", "u1"], "data_source": ["arith"] * n, "ground_truth": TRUTHS,
-         "extra_info": [None] * n, "raw_prompt": raw_prompts},
-    )
+    return response_batch(tokenizer, RESPONSES, TRUTHS, width, raw_prompt=raw_prompts)
 
 
 def _messages() -> list[list[dict[str, str]]]:

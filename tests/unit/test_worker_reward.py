@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridflow.batch import Batch
-from tests.unit._worker_helpers import tiny_cfg
+from tests.unit._worker_helpers import response_batch, tiny_cfg
 from workers.reward import RewardWorker, place_scores
 
 
@@ -25,20 +25,7 @@ def worker():
 
 
 def _batch(tokenizer, responses: list[str], truths: list[str], width: int = 12) -> Batch:
-    """Right-padded responses (each ends with <|im_end|>, which decoding drops)."""
-    eos = tokenizer.eos_token_id
-    rows = [tokenizer(r, add_special_tokens=False).input_ids + [eos] for r in responses]
-    ids = torch.full((len(rows), width), eos, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = True
-    n = len(rows)
-    return Batch.from_dict(
-        {"response_ids": ids, "response_mask": mask},
-        {"uid": ["u0", "u0", "u1"][:n], "data_source": ["arith"] * n, "ground_truth": truths,
-         "extra_info": [None] * n},
-    )
+    return response_batch(tokenizer, responses, truths, width)
 
 
 def test_scores_rows_and_places_them(worker):
