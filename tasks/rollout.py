@@ -3,7 +3,7 @@ or taken from the engine's rollout_log_probs (``actor.old_log_probs``)."""
 
 from __future__ import annotations
 
-from hybridflow.batch import Batch
+from hybridflow.batch import Batch, BatchError
 from tasks.common import RunContext
 from tasks.node import node
 from tasks.pools import pool_of
@@ -31,8 +31,6 @@ def policy_log_probs_from_rollout(batch: Batch) -> Batch:
     """old_log_probs := rollout_log_probs [B, R] float32, zero outside response_mask (the policy
     update then measures the rollout-vs-trainer gap on its first mini-batch). Raises BatchError
     when the engine gave no rollout_log_probs."""
-    from hybridflow.batch import BatchError
-
     if "rollout_log_probs" not in batch:
         raise BatchError("actor.old_log_probs='rollout' but the rollout engine returned no rollout_log_probs; "
                          "set actor.old_log_probs=recompute")

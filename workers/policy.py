@@ -15,6 +15,7 @@ logits / ``rollout.temperature`` as the rollout reports them.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,6 @@ def sequence_log_probs(
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:
     """Whether the (possibly DDP/FSDP/PEFT-wrapped) causal LM's forward takes ``logits_to_keep``."""
-    import inspect
-
     inner = model
     for _ in range(4):  # unwrap DDP (.module) and PEFT (.base_model.model)
         if isinstance(getattr(inner, "module", None), nn.Module):
@@ -91,10 +90,39 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
             inner = inner.get_base_model()
         else:
             break
+    return _forward_takes_logits_to_keep(type(inner))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(model_cls: type) -> bool:
+    """Per model class, once (this is on every forward's path)."""
+    import inspect
+
     try:
-        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+        return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+class LogprobGap:
+    """|trainer − rollout| log-prob statistics over response tokens (``rollout/logprob_diff_*``):
+    :meth:`add` per chunk on this rank, :meth:`metrics` reduces over ranks (collective)."""
+
+    def __init__(self) -> None:
+        self.total, self.tokens, self.max = 0.0, 0.0, 0.0
+
+    def add(self, log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor) -> None:
+        """log_probs / rollout_log_probs [B, R] nats, mask [B, R] bool (True = response token)."""
+        mask = mask.to(log_probs.device)
+        diff = (log_probs.detach().float() - rollout_log_probs.to(log_probs.device)).abs().masked_fill(~mask, 0.0)
+        self.total += float(diff.sum())
+        self.tokens += float(mask.sum())
+        self.max = max(self.max, float(diff.max()) if diff.numel() else 0.0)
+
+    def metrics(self) -> dict[str, float]:
+        tot = D.all_reduce_sum(torch.tensor([self.total, self.tokens], dtype=torch.float64)).tolist()
+        mx = D.all_reduce_max(torch.tensor([self.max], dtype=torch.float64)).tolist()
+        return {"rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": tot[0] / max(tot[1], 1.0)}
 
 
 def copy_batch(batch: Batch) -> Batch:
@@ -150,7 +178,7 @@ class PolicyWorker:
         self.optim = Optimization(self.model, self._optim_settings(), world_size=world_size, prefix="actor")
         self.versions = VersionedUpdates("policy", "actor")
         self.policy_loss = get_policy_loss(cfg.actor.policy_loss)
-        self._gap: list[float] | None = None
+        self._gap: LogprobGap | None = None
         self._gap_before_step = 0
         self._sync_rollout_weights()
 
@@ -260,17 +288,13 @@ class PolicyWorker:
         old = torch.cat([p[0] for p in parts]).masked_fill(~mask, 0.0)
         out.set("old_log_probs", old)
         entropy = torch.cat([p[1] for p in parts])
-        sums = [float(masked_sum(entropy, mask)), float(mask.sum())]
-        maxes = [0.0]
-        if "rollout_log_probs" in batch:
-            diff = (batch["rollout_log_probs"] - old).abs()
-            sums.append(float(masked_sum(diff, mask)))
-            maxes = [float(torch.where(mask, diff, torch.zeros(())).max()) if mask.any() else 0.0]
-        tot = D.all_reduce_sum(torch.tensor(sums, dtype=torch.float64)).tolist()
-        mx = D.all_reduce_max(torch.tensor(maxes, dtype=torch.float64)).tolist()
+        tot = D.all_reduce_sum(torch.tensor([float(masked_sum(entropy, mask)), float(mask.sum())],
+                                            dtype=torch.float64)).tolist()
         metrics = {"actor/entropy": tot[0] / max(tot[1], 1.0)}
         if "rollout_log_probs" in batch:
-            metrics |= {"rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": tot[2] / max(tot[1], 1.0)}
+            gap = LogprobGap()
+            gap.add(old, batch["rollout_log_probs"], mask)
+            metrics |= gap.metrics()
         out.meta["metrics"] = {**batch.meta.get("metrics", {}), **metrics}
         return out
 
@@ -297,7 +321,7 @@ class PolicyWorker:
         # old_log_probs from the rollout engine: measure the engine-vs-trainer gap for free on the
         # micro-batches that run before the first optimizer step (weights still those of rollout)
         measure_gap = self.cfg.old_log_probs_from_rollout and "rollout_log_probs" in batch
-        self._gap = [0.0, 0.0, 0.0] if measure_gap else None  # |diff| sum, token count, max
+        self._gap = LogprobGap() if measure_gap else None
         self._gap_before_step = self.optim.steps_applied
         metrics = self.optim.update(
             batch, self._micro_loss,
@@ -307,11 +331,8 @@ class PolicyWorker:
         )
         if a.use_kl_loss:
             metrics["actor/kl_coef"] = a.kl_loss_coef
-        if measure_gap:
-            tot = D.all_reduce_sum(torch.tensor(self._gap[:2], dtype=torch.float64)).tolist()
-            mx = D.all_reduce_max(torch.tensor([self._gap[2]], dtype=torch.float64)).tolist()
-            metrics["rollout/logprob_diff_max"] = mx[0]
-            metrics["rollout/logprob_diff_mean"] = tot[0] / max(tot[1], 1.0)
+        if self._gap is not None:
+            metrics |= self._gap.metrics()
         tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
         metrics["perf/total_num_tokens"] = float(D.all_reduce_sum(torch.tensor([tokens], dtype=torch.float64)))
         metrics["perf/num_params"] = float(sum(p.numel() for p in D.unwrap(self.model).parameters()))
@@ -327,10 +348,7 @@ class PolicyWorker:
         dev = lp.device
         mask = mb["response_mask"].to(dev)
         if self._gap is not None and self.optim.steps_applied == self._gap_before_step:
-            diff = (lp.detach().float() - mb["rollout_log_probs"].to(dev)).abs().masked_fill(~mask, 0.0)
-            self._gap[0] += float(diff.sum())
-            self._gap[1] += float(mask.sum())
-            self._gap[2] = max(self._gap[2], float(diff.max()) if diff.numel() else 0.0)
+            self._gap.add(lp, mb["rollout_log_probs"], mask)
         loss, m = self.policy_loss(
             lp, mb["old_log_probs"].to(dev), mb["advantages"].to(dev), mask,
             clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
