@@ -19,10 +19,9 @@ def advantage(
 ) -> tuple[Batch, dict]:
     """Joins the upstream fields and returns the training batch with token_level_rewards,
     advantages and returns. ``kl_coef`` is the KL controller's current β (adaptive control)."""
-    from hybridflow.metrics import compute_data_metrics
-
     from hybridflow.algorithms import make_kl_controller
     from hybridflow.algorithms.pipeline import compute_advantages
+    from hybridflow.metrics import compute_data_metrics
 
     cfg = run.cfg()
     batch = rollout

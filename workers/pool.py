@@ -17,6 +17,7 @@ the pool, the rank and the cause.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import socket
 import time
@@ -119,6 +120,7 @@ class WorkerHost:
                 kwargs["policy"] = self.workers["policy"]
             self.workers[role] = cls(self.cfg, **kwargs)
         self._restore_latest()
+        self._record_start()
 
     def _restore_latest(self) -> None:
         if not self.ckpt_root:
@@ -132,6 +134,20 @@ class WorkerHost:
             if hasattr(worker, "load_checkpoint") and role in ("policy", "critic"):
                 worker.load_checkpoint(path)
         self.restored_from = path
+
+    def _record_start(self) -> None:
+        """Append ``{"event": "started", pool, rank, pid, restored_from, t}`` to the run's
+        ``pool_events.jsonl`` (beside ``checkpoints/``): one line per (re)start of a rank, so a
+        run's restarts and what each restored survive the actor and the pool (a Ray restart is
+        otherwise visible only to whoever held the old handle)."""
+        if not self.ckpt_root:
+            return
+        path = pool_events_path(os.path.dirname(os.path.normpath(self.ckpt_root)))
+        line = {"event": "started", "pool": self.pool_name, "rank": self.rank, "pid": os.getpid(),
+                "restored_from": self.restored_from, "t": time.time()}
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     # ---- serving ----
     def is_ready(self) -> bool:
@@ -208,6 +224,20 @@ class Pool:
 
     def pids(self) -> list[int]:
         return [p["pid"] for p in self.ping()]
+
+
+def pool_events_path(run_dir: str) -> str:
+    return os.path.join(run_dir, "pool_events.jsonl")
+
+
+def read_pool_events(run_dir: str, pool: str | None = None) -> list[dict[str, Any]]:
+    """The ``started`` records of a run's pool ranks, oldest first (``pool`` filters by name)."""
+    path = pool_events_path(run_dir)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        events = [json.loads(line) for line in f if line.strip()]
+    return [e for e in events if pool is None or e["pool"] == pool]
 
 
 def _cause(e: BaseException) -> str:

@@ -179,49 +179,36 @@ def _cpu_ticks(pid: int) -> int:
 
 
 class ActorKiller(threading.Thread):
-    """Kills the policy actor's process (SIGKILL by PID, from the pool's ping) once the run's
-    execution log shows each target node started and the actor is computing (its CPU time grows),
-    so the kill lands inside the node's call on the actor."""
+    """Kills the policy actor's process (SIGKILL by PID) once the run's execution log shows each
+    target node started and the actor is computing (its CPU time grows), so the kill lands inside
+    the node's call on the actor.
 
-    def __init__(self, run_dir: Path, namespace: str, targets: list[tuple[int, str]]):
+    The actor's PID comes from the run's ``pool_events.jsonl`` (one ``started`` line per start of
+    a rank, written once it has restored and is ready), never from a ping: a handle pinged while
+    the actor restarts, or after the run tore its pools down, would answer "dead"."""
+
+    def __init__(self, run_dir: Path, targets: list[tuple[int, str]]):
         super().__init__(daemon=True)
-        self.run_dir, self.namespace, self.targets = run_dir, namespace, targets
+        self.run_dir, self.targets = run_dir, targets
         self.kills: list[dict] = []
         self.error: BaseException | None = None
 
-    def _pool(self):
-        from workers.pool import PoolError, get_pool
+    def _nth_start(self, n: int) -> dict:
+        """The n-th (1-based) start of the policy pool's rank 0, once it has happened."""
+        from workers.pool import read_pool_events
 
         deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            try:
-                return get_pool("main", self.namespace)
-            except PoolError:
-                time.sleep(0.5)
-        raise TimeoutError("policy pool never appeared")
-
-    @staticmethod
-    def _ping(pool) -> dict:
-        """The actor's ping once it serves again (a restarting actor is 'unavailable' for a while)."""
-        from workers.pool import PoolError
-
-        deadline = time.monotonic() + 600
         while True:
-            try:
-                info = pool.ping(deadline_s=600)[0]
-                if info["ready"]:
-                    return info
-            except PoolError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.5)
+            starts = [e for e in read_pool_events(str(self.run_dir), "main") if e["rank"] == 0]
+            if len(starts) >= n:
+                return starts[n - 1]
+            assert time.monotonic() < deadline, f"the policy actor never started a {n}th time"
+            time.sleep(0.05)
 
     def run(self) -> None:
         try:
-            pool = self._pool()
-            for target in self.targets:
-                info = self._ping(pool)
-                pid = info["pid"]
+            for n, target in enumerate(self.targets, start=1):
+                pid = self._nth_start(n)["pid"]
                 deadline = time.monotonic() + 900
                 while target not in executions(self.run_dir):
                     assert time.monotonic() < deadline, f"{target} never started"
@@ -230,26 +217,29 @@ class ActorKiller(threading.Thread):
                 while _cpu_ticks(pid) - start < 3 and time.monotonic() - t0 < 60:  # 30 ms of CPU
                     time.sleep(0.01)
                 os.kill(pid, signal.SIGKILL)
-                self.kills.append({"target": target, "pid": pid, "restored_from_before": info["restored_from"]})
-            self.after = self._ping(pool)
+                self.kills.append({"target": target, "pid": pid})
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
 
 
 def test_worker_death_during_rollout_and_update(prefect_api, ray_cluster, runs, data, reference):
     from flows.train import train
-    from workers.pool import namespace_for
+    from workers.pool import read_pool_events
 
     run_dir = runs / "worker-death"
-    killer = ActorKiller(run_dir, namespace_for("worker-death"), [(2, "rollout"), (4, "update_policy")])
+    killer = ActorKiller(run_dir, [(2, "rollout"), (4, "update_policy")])
     killer.start()
     summary = train(overrides=overrides(runs, data, "worker-death"))
     killer.join(timeout=600)
     assert killer.error is None, killer.error
     assert [k["target"] for k in killer.kills] == [(2, "rollout"), (4, "update_policy")]
-    assert killer.kills[0]["pid"] != killer.kills[1]["pid"]  # Ray restarted the actor after the first kill
-    # the second restart restored the last checkpoint (after iteration 3) before serving again
-    assert killer.after["restored_from"].endswith("checkpoints/step_000003")
+    # Ray restarted the actor after each kill (three processes in all, each started once); the
+    # first restart had no checkpoint to restore, the second restored the one after iteration 3
+    starts = read_pool_events(str(run_dir), "main")
+    assert [k["pid"] for k in killer.kills] == [s["pid"] for s in starts[:2]]
+    assert len(starts) == 3 and len({s["pid"] for s in starts}) == 3, starts
+    assert [s["restored_from"] for s in starts[:2]] == [None, None]
+    assert starts[2]["restored_from"].endswith("checkpoints/step_000003")
     assert summary["iterations"] == ITERATIONS
     # the killed nodes ran again (Prefect task retries); nothing else did
     log = executions(run_dir)
