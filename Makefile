@@ -29,7 +29,7 @@ demo: $(STAMP) $(ARITH)
 	$(BIN)/hybridflow train -c examples/grpo_arith.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -x -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=25 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
