@@ -66,6 +66,8 @@ RESPONSE_KEYS = (
     "returns",
 )
 
+_PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+
 
 class BatchError(ValueError):
     """A batch violates the contract (shape, dtype, length or missing key)."""
@@ -275,6 +277,44 @@ class Batch:
     def chunk(self, size: int) -> list[Batch]:
         """Consecutive chunks of ``size`` rows (the last may be smaller)."""
         return [self.index(range(s, min(s + size, len(self)))) for s in range(0, len(self), size)]
+
+    def trim_padding(self) -> Batch:
+        """The same rows without the columns that are padding in every row: prompt columns
+        before the first real prompt token (left padding) and response columns after the last
+        real response token (right padding; ``response_mask`` decides).
+
+        Prompt keys (``prompt_ids``, ``prompt_mask``), response keys (``response_ids`` and
+        :data:`RESPONSE_KEYS`) and ``position_ids`` ([B, P+R]) are sliced alike, so a forward
+        pass over the trimmed rows computes the same values at every real position (positions
+        come from the mask, and padded keys are masked out of attention) on fewer tokens — what
+        verl's remove-padding does for micro-batches. At least one column of each is kept.
+        Returns ``self`` unchanged when nothing can be trimmed, when prompt/response masks are
+        missing, or when another tensor key is 2-D with a prompt/response/sequence width (its
+        alignment is unknown, so trimming it could misalign it).
+        """
+        if "prompt_mask" not in self.tensors.keys() or "response_mask" not in self.tensors.keys():
+            return self
+        pm, rm = self.tensors["prompt_mask"], self.tensors["response_mask"]
+        p_len, r_len = pm.shape[1], rm.shape[1]
+        real_p, real_r = pm.any(0).nonzero(), rm.any(0).nonzero()
+        first = min(int(real_p[0]), p_len - 1) if len(real_p) else p_len - 1
+        last = max(int(real_r[-1]) + 1, 1) if len(real_r) else 1
+        if first == 0 and last == r_len:
+            return self
+        out = {}
+        for k, v in self.tensors.items():
+            if k in _PROMPT_KEYS:
+                out[k] = v[:, first:]
+            elif k == "response_ids" or k in RESPONSE_KEYS:
+                out[k] = v[:, :last]
+            elif k == "position_ids":
+                out[k] = v[:, first : p_len + last]
+            elif v.dim() >= 2 and v.shape[1] in (p_len, r_len, p_len + r_len):
+                return self
+            else:
+                out[k] = v
+        return Batch(TensorDict(out, batch_size=self.tensors.batch_size),
+                     {k: list(v) for k, v in self.non_tensors.items()}, dict(self.meta))
 
     # ---- storage -----------------------------------------------------------------------------
     def _serialise(self) -> tuple[bytes, bytes]:

@@ -190,8 +190,14 @@ class Optimization:
         tally: _Tally,
         terms: _Tally,
     ) -> tuple[bool, float]:
-        """One optimizer step on the mini-batch ``batch[rows]``; returns (applied, grad norm)."""
-        mini = batch.index(rows)
+        """One optimizer step on the mini-batch ``batch[rows]``; returns (applied, grad norm).
+
+        The mini-batch's rows are ordered by length and each micro-batch is trimmed of the
+        columns that are padding in all its rows (:meth:`Batch.trim_padding`), so a micro-batch
+        of short responses is not computed at the longest response's width. The gradient is the
+        same sum over rows (every micro-batch divides by the whole mini-batch's normaliser).
+        """
+        mini = batch.index(by_length(batch, rows))
         plan = accumulation_plan(
             mini["response_mask"],
             micro,
@@ -206,7 +212,8 @@ class Optimization:
         for k in range(n_micro):
             with D.no_sync(self.model, enabled=k < n_micro - 1):
                 if k < len(plan):
-                    res = loss_fn(self.model, mini.index(range(plan[k].rows.start, plan[k].rows.stop)), plan[k])
+                    micro_batch = mini.index(range(plan[k].rows.start, plan[k].rows.stop)).trim_padding()
+                    res = loss_fn(self.model, micro_batch, plan[k])
                     finite &= bool(torch.isfinite(res.loss.detach()).item())
                     tally.add(res.averages)
                     terms.add(res.loss_terms)
@@ -332,24 +339,44 @@ def disable_dropout(module: nn.Module) -> nn.Module:
     return module
 
 
+def by_length(batch: Batch, rows: Tensor) -> Tensor:
+    """``rows`` reordered by their token count (prompt + response mask), shortest first, ties in
+    the given order: consecutive micro-batches then hold similar lengths and trim well."""
+    counts = torch.as_tensor(batch.token_counts())[rows]
+    return rows[torch.sort(counts, stable=True).indices]
+
+
 def chunked_inference(model: nn.Module, batch: Batch, micro: int, fn: Callable[[Batch], Any]) -> list[Any]:
     """``fn(chunk)`` under ``torch.no_grad`` over consecutive chunks of ``micro`` rows, in order.
 
-    Under FSDP2 every forward is a collective, so all ranks run the same number of passes: a
-    rank with fewer chunks runs extra passes on its first row and drops their results.
+    Each chunk is trimmed of its all-padding columns (:meth:`Batch.trim_padding`) before ``fn``
+    sees it; ``fn`` returns a response-aligned tensor [rows, chunk response_len] or a tuple of
+    them, and each is right-padded with zeros back to the batch's response_len, so the parts
+    concatenate to [B, response_len]. Under FSDP2 every forward is a collective, so all ranks
+    run the same number of passes: a rank with fewer chunks runs extra passes on its first row
+    and drops their results.
     """
     chunks = batch.chunk(micro)
     n = len(chunks)
     if D.is_fsdp(model):
         n = int(D.all_reduce_max(torch.tensor([n], dtype=torch.float64)).item())
+    width = batch["response_mask"].shape[1] if "response_mask" in batch else None
     out = []
     with torch.no_grad():
         for i in range(n):
             if i < len(chunks):
-                out.append(fn(chunks[i]))
+                out.append(_pad_response_width(fn(chunks[i].trim_padding()), width))
             else:
-                fn(batch.index([0]))
+                fn(batch.index([0]).trim_padding())
     return out
+
+
+def _pad_response_width(result: Any, width: int | None) -> Any:
+    if isinstance(result, tuple):
+        return tuple(_pad_response_width(r, width) for r in result)
+    if width is None or not isinstance(result, Tensor) or result.dim() != 2 or result.shape[1] >= width:
+        return result
+    return torch.nn.functional.pad(result, (0, width - result.shape[1]))
 
 
 __all__ = [
@@ -361,4 +388,5 @@ __all__ = [
     "VersionedUpdates",
     "disable_dropout",
     "chunked_inference",
+    "by_length",
 ]

@@ -111,3 +111,41 @@ def test_aliased_tensors_save(tmp_path):
     b = Batch.from_dict({"token_level_scores": scores, "token_level_rewards": scores})
     back = b.save(str(tmp_path / "a")).load()
     assert torch.equal(back["token_level_rewards"], scores)
+
+
+def _padded(prompt_lens, response_lens, p_len=5, r_len=6):
+    """Left-padded prompts and right-padded responses of the given lengths, with position_ids and a
+    response-aligned float key; ids are 100 + column so slices can be read back."""
+    n = len(prompt_lens)
+    pm = torch.arange(p_len)[None, :] >= (p_len - torch.tensor(prompt_lens))[:, None]
+    rm = torch.arange(r_len)[None, :] < torch.tensor(response_lens)[:, None]
+    return Batch.from_dict({
+        "prompt_ids": (100 + torch.arange(p_len)).repeat(n, 1), "prompt_mask": pm,
+        "response_ids": (200 + torch.arange(r_len)).repeat(n, 1), "response_mask": rm,
+        "position_ids": torch.arange(p_len + r_len).repeat(n, 1),
+        "advantages": torch.arange(r_len, dtype=torch.float32).repeat(n, 1),
+        "scores": torch.ones(n),  # 1-D: rides along
+    }, {"uid": [f"u{i}" for i in range(n)]})
+
+
+def test_trim_padding_drops_columns_that_are_padding_in_every_row():
+    b = _padded(prompt_lens=[2, 3], response_lens=[1, 4])  # 2 all-pad prompt columns, 2 response columns
+    t = b.trim_padding()
+    assert t["prompt_ids"][0].tolist() == [102, 103, 104] and t["prompt_mask"].tolist() == [[False, True, True],
+                                                                                          [True, True, True]]
+    assert t["response_ids"][0].tolist() == [200, 201, 202, 203] and t["advantages"].shape == (2, 4)
+    assert t["position_ids"][0].tolist() == [2, 3, 4, 5, 6, 7, 8]  # prompt cols 2-4, response cols 0-3
+    assert t["response_mask"].sum() == b["response_mask"].sum() and t["prompt_mask"].sum() == b["prompt_mask"].sum()
+    assert torch.equal(t["scores"], b["scores"]) and t["uid"] == b["uid"]
+
+
+def test_trim_padding_leaves_what_it_cannot_trim_safely():
+    full = _padded(prompt_lens=[5, 1], response_lens=[6, 2])
+    assert full.trim_padding() is full  # nothing to trim
+    unknown = _padded(prompt_lens=[2, 2], response_lens=[1, 1])
+    unknown.set("my_response_weights", torch.ones(2, 6))  # 2-D, response width, alignment unknown
+    assert unknown.trim_padding() is unknown
+    empty = _padded(prompt_lens=[0, 0], response_lens=[0, 0]).trim_padding()  # keeps one column of each
+    assert empty["prompt_ids"].shape == (2, 1) and empty["response_ids"].shape == (2, 1)
+    assert empty["position_ids"].shape == (2, 2)
+    assert _batch().trim_padding()["prompt_ids"].shape[1] == 4  # no all-pad prompt column

@@ -75,3 +75,50 @@ def test_rollout_source_without_rollout_log_probs_is_a_clear_error():
 def test_plain_parameters_get_the_fused_adamw():
     worker = PolicyWorker(tiny_cfg())
     assert worker.optim.optimizer.defaults["fused"] is True
+
+
+def _ragged(worker: PolicyWorker, lengths=(3, 4, 1, 2)):
+    """A rollout whose responses end after ``lengths`` tokens (mask cut short); its two prompts
+    differ in length (rows 0-1: "1+1=", rows 2-3: "22+3=")."""
+    batch = worker.generate_sequences(prompt_batch(worker.tokenizer), seed=4)
+    cut = torch.arange(batch["response_mask"].shape[1])[None, :] < torch.tensor(lengths)[:, None]
+    batch.set("response_mask", batch["response_mask"] & cut)
+    batch.set("rollout_log_probs", batch["rollout_log_probs"].masked_fill(~batch["response_mask"], 0.0))
+    return batch
+
+
+def test_trimmed_micro_batches_give_the_log_probs_and_update_of_full_width_ones(monkeypatch):
+    from hybridflow.batch import Batch
+
+    results = {}
+    for trim in (True, False):
+        if not trim:
+            monkeypatch.setattr(Batch, "trim_padding", lambda self: self)
+        worker = PolicyWorker(tiny_cfg("actor.micro_batch_trajectories=1", "actor.old_log_probs=recompute"))
+        batch = worker.compute_log_probs(_ragged(worker))
+        lp = batch["old_log_probs"].clone()
+        metrics = worker.update_policy(with_advantages(batch), expected_version=0, batch_id="b")
+        results[trim] = (lp, weights(worker.module), metrics)
+    (lp_t, w_t, m_t), (lp_f, w_f, m_f) = results[True], results[False]
+    torch.testing.assert_close(lp_t, lp_f)
+    for k in w_t:
+        torch.testing.assert_close(w_t[k], w_f[k], rtol=1e-5, atol=1e-6)
+    assert m_t["actor/pg_loss"] == pytest.approx(m_f["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    assert m_t["actor/grad_norm"] == pytest.approx(m_f["actor/grad_norm"], rel=1e-5)
+
+
+def test_micro_batches_see_only_their_own_width(monkeypatch):
+    """Rows are ordered by length within the mini-batch and each micro-batch is trimmed."""
+    worker = PolicyWorker(tiny_cfg("actor.micro_batch_trajectories=2", "actor.old_log_probs=recompute"))
+    batch = worker.compute_log_probs(_ragged(worker))
+    seen = []
+    loss = worker._micro_loss
+    def record(model, mb, plan):
+        seen.append((mb["response_mask"].sum(-1).tolist(), mb["response_ids"].shape[1], mb["advantages"].shape[1]))
+        return loss(model, mb, plan)
+
+    monkeypatch.setattr(worker, "_micro_loss", record)
+    worker.update_policy(with_advantages(batch), expected_version=0, batch_id="b")
+    # rows with 3, 4, 1, 2 response tokens (+1 prompt token for rows 2-3) in length order: rows 2, 0
+    # then 3, 1; each micro-batch as wide as its longest response
+    assert seen == [([1, 3], 3, 3), ([2, 4], 4, 4)]

@@ -27,7 +27,9 @@ def test_reference_equals_initial_policy_and_stays_frozen():
     assert not ref.shares_policy
     batch = _scored_rollout(policy)
     out = ref.compute_ref_log_probs(batch)
-    assert torch.equal(out["ref_log_probs"], batch["old_log_probs"])  # same weights, same arithmetic
+    # same weights, same arithmetic; chunks of other sizes are trimmed to other widths, so equal
+    # up to float rounding
+    torch.testing.assert_close(out["ref_log_probs"], batch["old_log_probs"])
     assert "ref_log_probs" not in batch  # the caller's batch is not modified
     policy.update_policy(batch, expected_version=0, batch_id="b0")
     again = ref.compute_ref_log_probs(batch)

@@ -19,6 +19,8 @@ attention mask, so left padding does not change a sequence's tokens or log-probs
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from hybridflow.algorithms.sequences import position_ids_from_mask
 from workers.rollout.base import (
     NamedTensors,
     RolloutOutput,
@@ -144,21 +147,21 @@ class HFRolloutEngine:
         """B left-padded prompts → B*n trajectories (prompt-major). See RolloutOutput for shapes."""
         if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
             raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)}")
-        ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
-        mask = prompt_mask.bool().repeat_interleave(sampling.n, dim=0)
+        rows = prompt_ids.shape[0] * sampling.n
+        row_prompt = torch.arange(prompt_ids.shape[0]).repeat_interleave(sampling.n)  # trajectory → prompt
         uniforms = None
         if not sampling.greedy:
             seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
             gen = torch.Generator().manual_seed(seed)
-            uniforms = torch.rand(ids.shape[0], sampling.max_new_tokens, generator=gen)
+            uniforms = torch.rand(rows, sampling.max_new_tokens, generator=gen)
         outputs = []
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, ids.shape[0], self.generation_batch_trajectories):
-                rows = slice(start, start + self.generation_batch_trajectories)
-                chunk_u = None if uniforms is None else uniforms[rows]
-                outputs.append(self._generate_chunk(ids[rows], mask[rows], sampling, chunk_u))
+            for start in range(0, rows, self.generation_batch_trajectories):
+                chunk = row_prompt[start : start + self.generation_batch_trajectories]
+                chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
+                outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u))
         finally:
             self.model.train(was_training)
         return RolloutOutput(
@@ -169,8 +172,12 @@ class HFRolloutEngine:
         )
 
     def _generate_chunk(
-        self, ids: Tensor, mask: Tensor, sampling: SamplingParams, uniforms: Tensor | None
+        self, prompt_ids: Tensor, prompt_mask: Tensor, row_prompt: Tensor, sampling: SamplingParams,
+        uniforms: Tensor | None,
     ) -> RolloutOutput:
+        """Trajectories ``row_prompt`` (prompt index per row) in one ``generate`` call."""
+        unique, inverse = torch.unique_consecutive(row_prompt, return_inverse=True)
+        ids, mask = prompt_ids[unique], prompt_mask[unique]
         real_cols = mask.any(0).nonzero()
         first = int(real_cols[0]) if len(real_cols) else 0
         ids, mask = ids[:, first:].to(self.device), mask[:, first:].to(self.device)  # drop all-pad columns
@@ -184,16 +191,42 @@ class HFRolloutEngine:
             eos_token_id=list(sampling.stop_token_ids) or None,
             pad_token_id=self.pad_token_id,
         )
+        inverse = inverse.to(self.device)
         with _clean_generation_config(self.model), torch.no_grad():
+            extra = self._shared_prompt_cache(ids, mask, inverse)
             seqs = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask.long(),
+                input_ids=ids[inverse],
+                attention_mask=mask[inverse].long(),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([sampler]),
+                **extra,
             )
         response = seqs[:, prompt_len:].cpu()
         log_probs = sampler.log_probs(response.to(self.device)).cpu()
         return finalize_responses(response, log_probs, sampling.stop_token_ids, self.pad_token_id)
+
+    def _shared_prompt_cache(self, ids: Tensor, mask: Tensor, inverse: Tensor) -> dict[str, Any]:
+        """Prefill each distinct prompt once and give every trajectory a copy of its KV cache.
+
+        ``generate`` with n samples per prompt would run the prompt's forward pass n times (it
+        expands the inputs before prefill); here the prompts minus their last token go through
+        the model once ([P, L-1]), the cache rows are gathered per trajectory, and ``generate``
+        starts from that cache (its first step feeds the last prompt token). Same positions
+        (from the attention mask) and the same attention, so the same tokens and log-probs up to
+        float rounding. Returns the ``generate`` kwargs ({} when no prompt repeats, or the
+        prompts are one token long or end in padding).
+        """
+        if len(inverse) == ids.shape[0] or ids.shape[1] < 2 or not bool(mask[:, -1].all()):
+            return {}
+        prefix_mask = mask[:, :-1]
+        name, keep = _forward_kwargs(self.model)
+        out = self.model(
+            input_ids=ids[:, :-1], attention_mask=prefix_mask.long(),
+            position_ids=position_ids_from_mask(prefix_mask), use_cache=True, **keep,
+        )
+        cache = getattr(out, name)
+        cache.batch_select_indices(inverse)
+        return {name: cache}
 
     # ---- weights -------------------------------------------------------------------------------
     def load_weights(self, named_tensors: NamedTensors) -> None:
@@ -217,6 +250,20 @@ class HFRolloutEngine:
 
     def wake_up(self) -> None:
         """No-op (see :meth:`sleep`)."""
+
+
+def _forward_kwargs(model: nn.Module) -> tuple[str, dict[str, int]]:
+    """(the name under which the model takes and returns its KV cache — ``cache`` from
+    transformers 5.2x, where ``past_key_values`` is deprecated, else ``past_key_values`` —,
+    ``{"logits_to_keep": 1}`` when its forward can skip the LM head on all but the last position)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_kwargs_of(type(inner))
+
+
+@functools.cache
+def _forward_kwargs_of(model_cls: type) -> tuple[str, dict[str, int]]:
+    params = inspect.signature(model_cls.forward).parameters
+    return ("cache" if "cache" in params else "past_key_values"), ({"logits_to_keep": 1} if "logits_to_keep" in params else {})
 
 
 def _weights_by_name(model: nn.Module) -> dict[str, Tensor]:
