@@ -15,7 +15,6 @@ logits / ``rollout.temperature`` as the rollout reports them.
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from hybridflow.batch import Batch, BatchError
 from hybridflow.config import ExperimentConfig
 from workers import checkpoint as C
 from workers import distributed as D
+from workers import shared_prefix
 from workers.dispatch import dispatch
 from workers.training import (
     MicroResult,
@@ -61,17 +61,8 @@ def sequence_log_probs(
     model's device; positions outside response_mask hold numbers the caller masks out.
     entropy_grad: keep the entropy in the autograd graph (for an entropy bonus).
     """
-    device = next(model.parameters()).device
-    prompt_len = batch["prompt_ids"].shape[1]
-    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
-    attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to(device)
-    pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
-    resp_len = batch["response_ids"].shape[1]
-    kwargs = {"logits_to_keep": resp_len + 1} if accepts_logits_to_keep(model) else {}
-    logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False, **kwargs).logits
-    # the LM head runs only on the last prompt position and the response positions when the model
-    # takes ``logits_to_keep`` (transformers ≥ 4.50); the prompt's other logits are never needed
-    response_logits = logits[:, -(resp_len + 1) : -1] if kwargs else logits[:, prompt_len - 1 : -1]
+    response_logits = shared_prefix.response_logits(model, batch)
+    device = response_logits.device
     log_probs = log_probs_from_logits(response_logits, batch["response_ids"].to(device), temperature=temperature)
     entropy = None
     if with_entropy:
@@ -82,26 +73,7 @@ def sequence_log_probs(
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:
     """Whether the (possibly DDP/FSDP/PEFT-wrapped) causal LM's forward takes ``logits_to_keep``."""
-    inner = model
-    for _ in range(4):  # unwrap DDP (.module) and PEFT (.base_model.model)
-        if isinstance(getattr(inner, "module", None), nn.Module):
-            inner = inner.module
-        elif hasattr(inner, "get_base_model"):
-            inner = inner.get_base_model()
-        else:
-            break
-    return _forward_takes_logits_to_keep(type(inner))
-
-
-@functools.cache
-def _forward_takes_logits_to_keep(model_cls: type) -> bool:
-    """Per model class, once (this is on every forward's path)."""
-    import inspect
-
-    try:
-        return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
-    except (TypeError, ValueError):
-        return False
+    return bool(shared_prefix.forward_kwargs(model)[1])
 
 
 class LogprobGap:
@@ -175,7 +147,8 @@ class PolicyWorker:
             model=self.inference_module, tokenizer=self.tokenizer, model_cfg=cfg.model,
             rollout_cfg=cfg.rollout, device=self.device,
         )
-        self.optim = Optimization(self.model, self._optim_settings(), world_size=world_size, prefix="actor")
+        self.optim = Optimization(self.model, self._optim_settings(), world_size=world_size, prefix="actor",
+                                  group_by_prompt=shared_prefix.shares_prompts(self.model))
         self.versions = VersionedUpdates("policy", "actor")
         self.policy_loss = get_policy_loss(cfg.actor.policy_loss)
         self._gap: LogprobGap | None = None

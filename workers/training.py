@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from hybridflow.algorithms.aggregation import MicroBatch, accumulation_plan
 from hybridflow.batch import Batch
 from workers import distributed as D
+from workers.shared_prefix import prompt_groups
 
 
 class VersionMismatchError(RuntimeError):
@@ -108,11 +109,15 @@ class Optimization:
     """One trained model's optimizer, LR schedule and update loop.
 
     model: the wrapped training module (plain, DDP or FSDP2); its parameters with
-    ``requires_grad`` are optimised (LoRA: only the adapters).
+    ``requires_grad`` are optimised (LoRA: only the adapters). group_by_prompt: order each
+    mini-batch's rows by prompt, then length (for a loss that computes each distinct prompt of
+    a micro-batch once), instead of by length alone.
     """
 
-    def __init__(self, model: nn.Module, settings: OptimSettings, *, world_size: int = 1, prefix: str = "actor"):
+    def __init__(self, model: nn.Module, settings: OptimSettings, *, world_size: int = 1, prefix: str = "actor",
+                 group_by_prompt: bool = False):
         self.model = model
+        self.group_by_prompt = group_by_prompt  # micro-batches hold few prompts (the loss shares their forward)
         self.settings = settings
         self.world_size = world_size
         self.prefix = prefix
@@ -197,7 +202,7 @@ class Optimization:
         of short responses is not computed at the longest response's width. The gradient is the
         same sum over rows (every micro-batch divides by the whole mini-batch's normaliser).
         """
-        mini = batch.index(by_length(batch, rows))
+        mini = batch.index(by_length(batch, rows, group_by_prompt=self.group_by_prompt))
         plan = accumulation_plan(
             mini["response_mask"],
             micro,
@@ -339,11 +344,19 @@ def disable_dropout(module: nn.Module) -> nn.Module:
     return module
 
 
-def by_length(batch: Batch, rows: Tensor) -> Tensor:
+def by_length(batch: Batch, rows: Tensor, *, group_by_prompt: bool = False) -> Tensor:
     """``rows`` reordered by their token count (prompt + response mask), shortest first, ties in
-    the given order: consecutive micro-batches then hold similar lengths and trim well."""
+    the given order, so consecutive micro-batches hold similar lengths and trim well.
+    group_by_prompt: rows of one prompt stay together (groups in order of first appearance),
+    by length within the group."""
     counts = torch.as_tensor(batch.token_counts())[rows]
-    return rows[torch.sort(counts, stable=True).indices]
+    key = counts
+    if group_by_prompt and "prompt_ids" in batch:
+        groups = prompt_groups(batch["prompt_ids"][rows], batch["prompt_mask"][rows])
+        if groups is not None:
+            first, inverse = groups
+            key = first[inverse] * (int(counts.max()) + 1) + counts
+    return rows[torch.sort(key, stable=True).indices]
 
 
 def chunked_inference(model: nn.Module, batch: Batch, micro: int, fn: Callable[[Batch], Any]) -> list[Any]:

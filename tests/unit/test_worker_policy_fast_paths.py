@@ -108,17 +108,27 @@ def test_trimmed_micro_batches_give_the_log_probs_and_update_of_full_width_ones(
 
 
 def test_micro_batches_see_only_their_own_width(monkeypatch):
-    """Rows are ordered by length within the mini-batch and each micro-batch is trimmed."""
+    """Each micro-batch is trimmed to its own longest row; the policy (a plain module, which shares
+    prompt forwards) keeps a prompt's rows together, ordered by length; without prompt sharing
+    rows are ordered by length alone."""
+    from workers.training import by_length
+
     worker = PolicyWorker(tiny_cfg("actor.micro_batch_trajectories=2", "actor.old_log_probs=recompute"))
+    assert worker.optim.group_by_prompt
     batch = worker.compute_log_probs(_ragged(worker))
     seen = []
     loss = worker._micro_loss
+
     def record(model, mb, plan):
-        seen.append((mb["response_mask"].sum(-1).tolist(), mb["response_ids"].shape[1], mb["advantages"].shape[1]))
+        seen.append((mb["response_mask"].sum(-1).tolist(), mb["response_ids"].shape[1], mb["advantages"].shape[1],
+                     len({tuple(r) for r in mb["prompt_ids"].tolist()})))
         return loss(model, mb, plan)
 
     monkeypatch.setattr(worker, "_micro_loss", record)
     worker.update_policy(with_advantages(batch), expected_version=0, batch_id="b")
-    # rows with 3, 4, 1, 2 response tokens (+1 prompt token for rows 2-3) in length order: rows 2, 0
-    # then 3, 1; each micro-batch as wide as its longest response
-    assert seen == [([1, 3], 3, 3), ([2, 4], 4, 4)]
+    # rows 0-1 (prompt "1+1=", 3 and 4 response tokens), then rows 2-3 ("22+3=", 1 and 2): one prompt each
+    assert seen == [([3, 4], 4, 4, 1), ([1, 2], 2, 2, 1)]
+    # by length alone (+1 prompt token for rows 2-3): rows 2, 0, 3, 1
+    assert by_length(batch, torch.arange(4)).tolist() == [2, 0, 3, 1]
+    assert by_length(batch, torch.arange(4), group_by_prompt=True).tolist() == [0, 1, 2, 3]
+    assert by_length(batch, torch.tensor([3, 2, 1, 0]), group_by_prompt=True).tolist() == [2, 3, 0, 1]

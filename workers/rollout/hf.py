@@ -19,8 +19,6 @@ attention mask, so left padding does not change a sequence's tokens or log-probs
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -38,6 +36,7 @@ from workers.rollout.base import (
     register_rollout_engine,
     right_pad,
 )
+from workers.shared_prefix import forward_kwargs
 
 
 def top_k_top_p_filter(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -216,10 +215,10 @@ class HFRolloutEngine:
         float rounding. Returns the ``generate`` kwargs ({} when no prompt repeats, or the
         prompts are one token long or end in padding).
         """
-        if len(inverse) == ids.shape[0] or ids.shape[1] < 2 or not bool(mask[:, -1].all()):
+        name, keep = forward_kwargs(self.model)
+        if name is None or len(inverse) == ids.shape[0] or ids.shape[1] < 2 or not bool(mask[:, -1].all()):
             return {}
         prefix_mask = mask[:, :-1]
-        name, keep = _forward_kwargs(self.model)
         out = self.model(
             input_ids=ids[:, :-1], attention_mask=prefix_mask.long(),
             position_ids=position_ids_from_mask(prefix_mask), use_cache=True, **keep,
@@ -250,20 +249,6 @@ class HFRolloutEngine:
 
     def wake_up(self) -> None:
         """No-op (see :meth:`sleep`)."""
-
-
-def _forward_kwargs(model: nn.Module) -> tuple[str, dict[str, int]]:
-    """(the name under which the model takes and returns its KV cache — ``cache`` from
-    transformers 5.2x, where ``past_key_values`` is deprecated, else ``past_key_values`` —,
-    ``{"logits_to_keep": 1}`` when its forward can skip the LM head on all but the last position)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _forward_kwargs_of(type(inner))
-
-
-@functools.cache
-def _forward_kwargs_of(model_cls: type) -> tuple[str, dict[str, int]]:
-    params = inspect.signature(model_cls.forward).parameters
-    return ("cache" if "cache" in params else "past_key_values"), ({"logits_to_keep": 1} if "logits_to_keep" in params else {})
 
 
 def _weights_by_name(model: nn.Module) -> dict[str, Tensor]:

@@ -1,0 +1,112 @@
+"""Response logits with each distinct prompt computed once (GRPO-style groups share a prompt).
+
+With n samples per prompt a plain forward pass over ``[prompt ‖ response]`` runs every prompt n
+times. Here the prompts are deduplicated: the distinct prompts minus their last token go through
+the model once, their KV cache is gathered per trajectory, and the trajectories' suffixes (last
+prompt token + response tokens but the last) run on that cache. Under autograd the cache is part
+of the graph, so backward sums each prompt's gradient over its samples — the same gradient as
+the n separate passes (the same sum of the same terms, up to float rounding), on
+``U·(P−1) + B·R`` tokens instead of ``B·(P+R)``. This is the shared-prefix idea of "Prefix
+Grouper: Efficient GRPO Training through Shared-Prefix Forward" (Liu et al., 2025), done with
+the model's own KV cache.
+
+Used for plain modules only: DDP and FSDP2 expect one forward per backward, so wrapped training
+modules take the full forward (as do models without a batch-selectable cache).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from torch import Tensor, nn
+
+from hybridflow.algorithms.sequences import position_ids_from_mask
+from hybridflow.batch import Batch
+
+
+def forward_kwargs(model: nn.Module) -> tuple[str | None, dict[str, int]]:
+    """(the name under which the causal LM takes and returns its KV cache — ``cache`` from
+    transformers 5.2x, where ``past_key_values`` is deprecated, else ``past_key_values``, None
+    when its forward takes neither —,
+    ``{"logits_to_keep": 1}`` when its forward can skip the LM head on all but the last position)."""
+    inner = model
+    for _ in range(4):  # unwrap DDP (.module) and PEFT (.base_model.model)
+        if isinstance(getattr(inner, "module", None), nn.Module):
+            inner = inner.module
+        elif hasattr(inner, "get_base_model"):
+            inner = inner.get_base_model()
+        else:
+            break
+    return _forward_kwargs_of(type(inner))
+
+
+@functools.cache
+def _forward_kwargs_of(model_cls: type) -> tuple[str | None, dict[str, int]]:
+    try:
+        params = inspect.signature(model_cls.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    cache = next((n for n in ("cache", "past_key_values") if n in params), None)
+    return cache, ({"logits_to_keep": 1} if "logits_to_keep" in params else {})
+
+
+def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(first row of each distinct prompt [U], distinct prompt of each row [B]) when some prompt
+    repeats and every prompt ends in a real token (left padding), else None. Prompts are equal
+    when their real tokens and padding are."""
+    if prompt_ids.shape[1] < 2 or not bool(prompt_mask[:, -1].all()):
+        return None
+    keys = prompt_ids.masked_fill(~prompt_mask.bool(), -1)
+    _, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    if int(inverse.max()) + 1 == len(inverse):
+        return None
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(inverse)), reduce="amin")
+    return first, inverse
+
+
+def shares_prompts(model: nn.Module) -> bool:
+    """Whether :func:`response_logits` may split the forward for ``model`` (a plain module)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workers import distributed as D
+
+    return not isinstance(model, DistributedDataParallel) and not D.is_fsdp(model)
+
+
+def response_logits(model: nn.Module, batch: Batch) -> Tensor:
+    """[B, R, V] logits whose position t predicts ``response_ids[:, t]``, on the model's device.
+
+    batch: prompt_ids/prompt_mask [B, P] (left padded), response_ids/response_mask [B, R],
+    position_ids [B, P+R] when present (else from the attention mask). Shares each distinct
+    prompt's forward pass across its rows when :func:`shares_prompts` allows and a prompt
+    repeats; otherwise one forward over ``[prompt ‖ response]`` with the LM head on the response
+    positions only when the model takes ``logits_to_keep``.
+    """
+    device = next(model.parameters()).device
+    p_len, r_len = batch["prompt_ids"].shape[1], batch["response_ids"].shape[1]
+    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
+    attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to(device)
+    pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
+    name, keep_last = forward_kwargs(model)
+    shared = name is not None and shares_prompts(model)
+    groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"]) if shared else None
+    if groups is not None:
+        first, inverse = (g.to(device) for g in groups)
+        prefix = model(input_ids=ids[first, : p_len - 1], attention_mask=attn[first, : p_len - 1].long(),
+                       position_ids=pos[first, : p_len - 1], use_cache=True, **keep_last)
+        cache = getattr(prefix, name, None)
+        if cache is not None and hasattr(cache, "batch_select_indices"):
+            cache.batch_select_indices(inverse)
+            end = p_len + r_len - 1  # the last response token is never an input
+            return model(input_ids=ids[:, p_len - 1 : end], attention_mask=attn[:, :end].long(),
+                         position_ids=pos[:, p_len - 1 : end], use_cache=True, **{name: cache}).logits
+    kwargs = {"logits_to_keep": r_len + 1} if keep_last else {}
+    logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False, **kwargs).logits
+    # with logits_to_keep the head ran on the last prompt position and the response positions only
+    return logits[:, -(r_len + 1) : -1] if kwargs else logits[:, p_len - 1 : -1]
+
+
+__all__ = ["forward_kwargs", "prompt_groups", "response_logits", "shares_prompts"]
