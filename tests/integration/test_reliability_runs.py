@@ -3,8 +3,9 @@ nothing is applied twice, and an interrupted run ends where an uninterrupted one
 
 One reference run R (uninterrupted, in-process) is compared with:
 
-- W: the same config, the policy actor SIGKILLed (by PID) during iteration 2's rollout and again
-  during iteration 4's policy update;
+- W: the same config, the policy actor SIGKILLed (by PID) inside iteration 2's rollout call and
+  again inside iteration 4's policy update call — after the work, before the result returns (a
+  test plugin holds those calls until the kill: tests/integration/hold_plugins.py);
 - D: the same config run by ``hybridflow train`` in a subprocess (its own process group), SIGKILLed
   during iteration 4 once rollout and reward are done, then ``hybridflow train --resume RUN_DIR``.
   D's first process also shows determinism: an independent uninterrupted run (another process)
@@ -173,51 +174,33 @@ def reference(prefect_api, ray_cluster, runs, data):
 
 
 # ---- W: worker death ------------------------------------------------------------------------------
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 class ActorKiller(threading.Thread):
-    """Kills the policy actor's process (SIGKILL by PID) once the run's execution log shows each
-    target node started and the actor is computing (its CPU time grows), so the kill lands inside
-    the node's call on the actor.
+    """SIGKILLs the policy actor's process inside chosen calls: for each hold key (see
+    ``tests/integration/hold_plugins.py``) it plants the marker, waits until the actor holds
+    that call (its work done, its result not yet returned) and kills the PID it published."""
 
-    The actor's PID comes from the run's ``pool_events.jsonl`` (one ``started`` line per start of
-    a rank, written once it has restored and is ready), never from a ping: a handle pinged while
-    the actor restarts, or after the run tore its pools down, would answer "dead"."""
-
-    def __init__(self, run_dir: Path, targets: list[tuple[int, str]]):
+    def __init__(self, run_dir: Path, keys: list[str]):
         super().__init__(daemon=True)
-        self.run_dir, self.targets = run_dir, targets
+        from tests.integration.hold_plugins import holds_dir
+
+        self.holds, self.keys = holds_dir(run_dir), keys
+        self.holds.mkdir(parents=True, exist_ok=True)
+        for key in keys:
+            (self.holds / key).touch()
         self.kills: list[dict] = []
         self.error: BaseException | None = None
 
-    def _nth_start(self, n: int) -> dict:
-        """The n-th (1-based) start of the policy pool's rank 0, once it has happened."""
-        from workers.pool import read_pool_events
-
-        deadline = time.monotonic() + 900
-        while True:
-            starts = [e for e in read_pool_events(str(self.run_dir), "main") if e["rank"] == 0]
-            if len(starts) >= n:
-                return starts[n - 1]
-            assert time.monotonic() < deadline, f"the policy actor never started a {n}th time"
-            time.sleep(0.05)
-
     def run(self) -> None:
         try:
-            for n, target in enumerate(self.targets, start=1):
-                pid = self._nth_start(n)["pid"]
+            for key in self.keys:
+                held = self.holds / f"{key}.held"
                 deadline = time.monotonic() + 900
-                while target not in executions(self.run_dir):
-                    assert time.monotonic() < deadline, f"{target} never started"
+                while not held.exists():
+                    assert time.monotonic() < deadline, f"the policy actor never held {key}"
                     time.sleep(0.05)
-                start, t0 = _cpu_ticks(pid), time.monotonic()
-                while _cpu_ticks(pid) - start < 3 and time.monotonic() - t0 < 60:  # 30 ms of CPU
-                    time.sleep(0.01)
+                pid = int(held.read_text())
                 os.kill(pid, signal.SIGKILL)
-                self.kills.append({"target": target, "pid": pid})
+                self.kills.append({"key": key, "pid": pid})
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
 
@@ -227,12 +210,14 @@ def test_worker_death_during_rollout_and_update(prefect_api, ray_cluster, runs, 
     from workers.pool import read_pool_events
 
     run_dir = runs / "worker-death"
-    killer = ActorKiller(run_dir, [(2, "rollout"), (4, "update_policy")])
+    # iteration 2's rollout runs at weights_version 1; iteration 4's update expects version 3
+    killer = ActorKiller(run_dir, ["generate_sequences-v1", "update_policy-v3"])
     killer.start()
-    summary = train(overrides=overrides(runs, data, "worker-death"))
+    summary = train(overrides=overrides(runs, data, "worker-death",
+                                        **{"trainer.plugins": "[tests.integration.hold_plugins]"}))
     killer.join(timeout=600)
     assert killer.error is None, killer.error
-    assert [k["target"] for k in killer.kills] == [(2, "rollout"), (4, "update_policy")]
+    assert [k["key"] for k in killer.kills] == ["generate_sequences-v1", "update_policy-v3"]
     # Ray restarted the actor after each kill (three processes in all, each started once); the
     # first restart had no checkpoint to restore, the second restored the one after iteration 3
     starts = read_pool_events(str(run_dir), "main")

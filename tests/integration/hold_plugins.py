@@ -1,0 +1,61 @@
+"""Test-only (``trainer.plugins``): hold a policy call inside the actor until the test kills it.
+
+A test creates ``<run_dir>/holds/<method>-v<version>`` before the run. When the policy actor
+runs that call — ``generate_sequences`` at weights_version ``version``, or ``update_policy``
+with ``expected_version=version`` — it does the work, then claims the marker (atomic rename,
+so only the first call holds), publishes its PID in ``<key>.held`` and waits to be killed
+before returning. So a SIGKILL lands inside the node's call on the actor, after its work is
+done and before its result is returned or recorded, whatever the machine's load; a timing-based
+killer can miss a 70 ms tiny-model rollout. Not killed within HOLD_S, the call returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+
+from workers.policy import PolicyWorker
+
+HOLD_S = 300.0
+
+
+def holds_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "holds"
+
+
+def _hold(worker: PolicyWorker, key: str) -> None:
+    holds = holds_dir(Path(worker.cfg.trainer.run_dir) / worker.cfg.trainer.run_id)
+    try:
+        os.rename(holds / key, holds / f"{key}.claimed")
+    except FileNotFoundError:
+        return
+    tmp = holds / f"{key}.held.tmp"
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, holds / f"{key}.held")
+    deadline = time.monotonic() + HOLD_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _patch(name: str, key_of) -> None:
+    original = getattr(PolicyWorker, name)
+    if getattr(original, "__hold_patched__", False):
+        return
+
+    @functools.wraps(original)  # keeps the @dispatch protocol attribute
+    def held(self, *args, **kwargs):
+        key = key_of(self, kwargs)
+        out = original(self, *args, **kwargs)
+        if key is not None:
+            _hold(self, key)
+        return out
+
+    held.__hold_patched__ = True
+    setattr(PolicyWorker, name, held)
+
+
+_patch("generate_sequences",
+       lambda w, kw: None if kw.get("validate") else f"generate_sequences-v{w.versions.weights_version}")
+_patch("update_policy", lambda w, kw: f"update_policy-v{kw['expected_version']}")
