@@ -76,6 +76,29 @@ def shares_prompts(model: nn.Module) -> bool:
     return not isinstance(model, DistributedDataParallel) and not D.is_fsdp(model)
 
 
+def shared_prompt_cache(model: nn.Module, prefix_ids: Tensor, prefix_mask: Tensor, prefix_pos: Tensor,
+                        inverse: Tensor) -> dict[str, object]:
+    """Run the U distinct prompt prefixes once and give each of the B rows a copy of its KV cache.
+
+    prefix_ids/prefix_mask/prefix_pos: [U, L] (the prompts minus their last token, left padded,
+    positions from the mask); inverse: [B] int64, the prefix of each row. Returns the forward
+    kwargs that continue from the gathered cache (``{"cache": <[B, L] cache>}``, or
+    ``past_key_values`` on older transformers), or {} when the model takes no cache argument or
+    its cache cannot be gathered by row (then the caller runs the full forward). Differentiable:
+    under autograd the gathered cache keeps its graph back to the prefix forward.
+    """
+    name, keep_last = forward_kwargs(model)
+    if name is None:
+        return {}
+    out = model(input_ids=prefix_ids, attention_mask=prefix_mask.long(), position_ids=prefix_pos,
+                use_cache=True, **keep_last)
+    cache = getattr(out, name, None)
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return {}
+    cache.batch_select_indices(inverse)
+    return {name: cache}
+
+
 def response_logits(model: nn.Module, batch: Batch) -> Tensor:
     """[B, R, V] logits whose position t predicts ``response_ids[:, t]``, on the model's device.
 
@@ -90,23 +113,19 @@ def response_logits(model: nn.Module, batch: Batch) -> Tensor:
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
     attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to(device)
     pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
-    name, keep_last = forward_kwargs(model)
-    shared = name is not None and shares_prompts(model)
-    groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"]) if shared else None
+    groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"]) if shares_prompts(model) else None
     if groups is not None:
         first, inverse = (g.to(device) for g in groups)
-        prefix = model(input_ids=ids[first, : p_len - 1], attention_mask=attn[first, : p_len - 1].long(),
-                       position_ids=pos[first, : p_len - 1], use_cache=True, **keep_last)
-        cache = getattr(prefix, name, None)
-        if cache is not None and hasattr(cache, "batch_select_indices"):
-            cache.batch_select_indices(inverse)
+        cache = shared_prompt_cache(model, ids[first, : p_len - 1], attn[first, : p_len - 1],
+                                    pos[first, : p_len - 1], inverse)
+        if cache:
             end = p_len + r_len - 1  # the last response token is never an input
             return model(input_ids=ids[:, p_len - 1 : end], attention_mask=attn[:, :end].long(),
-                         position_ids=pos[:, p_len - 1 : end], use_cache=True, **{name: cache}).logits
-    kwargs = {"logits_to_keep": r_len + 1} if keep_last else {}
+                         position_ids=pos[:, p_len - 1 : end], use_cache=True, **cache).logits
+    kwargs = {"logits_to_keep": r_len + 1} if forward_kwargs(model)[1] else {}
     logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False, **kwargs).logits
     # with logits_to_keep the head ran on the last prompt position and the response positions only
     return logits[:, -(r_len + 1) : -1] if kwargs else logits[:, p_len - 1 : -1]
 
 
-__all__ = ["forward_kwargs", "prompt_groups", "response_logits", "shares_prompts"]
+__all__ = ["forward_kwargs", "prompt_groups", "response_logits", "shared_prompt_cache", "shares_prompts"]

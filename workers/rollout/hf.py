@@ -36,7 +36,7 @@ from workers.rollout.base import (
     register_rollout_engine,
     right_pad,
 )
-from workers.shared_prefix import forward_kwargs
+from workers.shared_prefix import shared_prompt_cache
 
 
 def top_k_top_p_filter(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -215,17 +215,10 @@ class HFRolloutEngine:
         float rounding. Returns the ``generate`` kwargs ({} when no prompt repeats, or the
         prompts are one token long or end in padding).
         """
-        name, keep = forward_kwargs(self.model)
-        if name is None or len(inverse) == ids.shape[0] or ids.shape[1] < 2 or not bool(mask[:, -1].all()):
+        if len(inverse) == ids.shape[0] or ids.shape[1] < 2 or not bool(mask[:, -1].all()):
             return {}
         prefix_mask = mask[:, :-1]
-        out = self.model(
-            input_ids=ids[:, :-1], attention_mask=prefix_mask.long(),
-            position_ids=position_ids_from_mask(prefix_mask), use_cache=True, **keep,
-        )
-        cache = getattr(out, name)
-        cache.batch_select_indices(inverse)
-        return {name: cache}
+        return shared_prompt_cache(self.model, ids[:, :-1], prefix_mask, position_ids_from_mask(prefix_mask), inverse)
 
     # ---- weights -------------------------------------------------------------------------------
     def load_weights(self, named_tensors: NamedTensors) -> None:
