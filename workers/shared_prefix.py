@@ -11,7 +11,8 @@ Grouper: Efficient GRPO Training through Shared-Prefix Forward" (Liu et al., 202
 the model's own KV cache.
 
 Used for plain modules only: DDP and FSDP2 expect one forward per backward, so wrapped training
-modules take the full forward (as do models without a batch-selectable cache).
+modules take the full forward (as do models without a batch-selectable cache, and training
+under gradient checkpointing, where transformers switches the cache off).
 """
 
 from __future__ import annotations
@@ -68,12 +69,16 @@ def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tens
 
 
 def shares_prompts(model: nn.Module) -> bool:
-    """Whether :func:`response_logits` may split the forward for ``model`` (a plain module)."""
+    """Whether :func:`response_logits` may split the forward for ``model``: a plain module (not
+    DDP/FSDP2), and not training under gradient checkpointing (transformers turns the cache off
+    there, so the split would only add a pass)."""
     from torch.nn.parallel import DistributedDataParallel
 
     from workers import distributed as D
 
-    return not isinstance(model, DistributedDataParallel) and not D.is_fsdp(model)
+    if isinstance(model, DistributedDataParallel) or D.is_fsdp(model):
+        return False
+    return not (model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules()))
 
 
 def shared_prompt_cache(model: nn.Module, prefix_ids: Tensor, prefix_mask: Tensor, prefix_pos: Tensor,

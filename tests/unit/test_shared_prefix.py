@@ -88,3 +88,13 @@ def test_a_forward_without_a_cache_argument_takes_the_full_path(model):
     with torch.no_grad():
         torch.testing.assert_close(response_logits(wrapped, b)[b["response_mask"]],
                                    response_logits(model, b)[b["response_mask"]], rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_checkpointing_in_training_takes_the_full_forward():
+    m = build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=0)
+    assert shared_prefix.shares_prompts(m)
+    m.gradient_checkpointing_enable()
+    m.train()
+    assert not shared_prefix.shares_prompts(m)  # the cache would be switched off: no split
+    m.eval()
+    assert shared_prefix.shares_prompts(m)  # inference has a cache again
