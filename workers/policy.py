@@ -106,7 +106,8 @@ def build_policy_module(cfg: ExperimentConfig, device: torch.device) -> nn.Modul
     """The initial policy: the configured model (seeded by trainer.seed), LoRA applied, no dropout."""
     from hybridflow.models import apply_lora, load_causal_lm
 
-    module = apply_lora(load_causal_lm(cfg.model, device=device, seed=cfg.trainer.seed), cfg.model)
+    module = apply_lora(load_causal_lm(cfg.model, device=device, seed=cfg.trainer.seed), cfg.model,
+                        seed=cfg.trainer.seed)
     return disable_dropout(module)
 
 

@@ -53,18 +53,22 @@ def _forward_kwargs_of(model_cls: type) -> tuple[str | None, dict[str, int]]:
     return cache, ({"logits_to_keep": 1} if "logits_to_keep" in params else {})
 
 
-def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor] | None:
+def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor,
+                  prompt_position_ids: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
     """(first row of each distinct prompt [U], distinct prompt of each row [B]) when some prompt
     repeats and every prompt ends in a real token (left padding), else None. Prompts are equal
-    when their real tokens and padding are."""
+    when their real tokens, their padding and (if given, [B, P]) their position ids are."""
     if prompt_ids.shape[1] < 2 or not bool(prompt_mask[:, -1].all()):
         return None
     keys = prompt_ids.masked_fill(~prompt_mask.bool(), -1)
+    if prompt_position_ids is not None:  # from the mask by contract; a caller's own positions count too
+        keys = torch.cat([keys, prompt_position_ids.to(keys.device)], 1)
     _, inverse = torch.unique(keys, dim=0, return_inverse=True)
     if int(inverse.max()) + 1 == len(inverse):
         return None
-    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(len(inverse)), reduce="amin")
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
+    first.scatter_reduce_(0, inverse, rows, reduce="amin")
     return first, inverse
 
 
@@ -118,7 +122,10 @@ def response_logits(model: nn.Module, batch: Batch) -> Tensor:
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
     attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to(device)
     pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
-    groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"]) if shares_prompts(model) else None
+    groups = None
+    if r_len > 0 and shares_prompts(model):
+        prompt_pos = batch["position_ids"][:, :p_len] if "position_ids" in batch else None
+        groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"], prompt_pos)
     if groups is not None:
         first, inverse = (g.to(device) for g in groups)
         cache = shared_prompt_cache(model, ids[first, : p_len - 1], attn[first, : p_len - 1],

@@ -83,7 +83,8 @@ class MicroResult:
     loss: 0-d tensor to backpropagate (already divided by the global normaliser).
     loss_terms: contributions that SUM over the micro-batches of a mini-batch to the
     mini-batch value (e.g. ``pg_loss``, ``kl_loss``, ``entropy`` aggregated with the plan).
-    averages: per-micro-batch statistics that are AVERAGED over micro-batches (e.g. clip fractions).
+    averages: per-micro-batch token-mean statistics (e.g. clip fractions), averaged over
+    micro-batches weighted by their response tokens (= the token mean over the mini-batches).
     """
 
     loss: Tensor
@@ -100,8 +101,9 @@ class _Tally:
     counts: dict[str, float] = field(default_factory=dict)
 
     def add(self, values: dict[str, float], weight: float = 1.0) -> None:
+        """Accumulate ``weight``-weighted values (their mean is sums / counts)."""
         for k, v in values.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * weight
             self.counts[k] = self.counts.get(k, 0.0) + weight
 
 
@@ -220,7 +222,9 @@ class Optimization:
                     micro_batch = mini.index(range(plan[k].rows.start, plan[k].rows.stop)).trim_padding()
                     res = loss_fn(self.model, micro_batch, plan[k])
                     finite &= bool(torch.isfinite(res.loss.detach()).item())
-                    tally.add(res.averages)
+                    # token-weighted: a micro-batch's token-mean statistics count by its tokens, so the
+                    # result does not depend on how rows were grouped into micro-batches
+                    tally.add(res.averages, weight=float(micro_batch["response_mask"].sum()))
                     terms.add(res.loss_terms)
                     res.loss.backward()
                 else:  # keep collectives in step with ranks that have more micro-batches
@@ -270,7 +274,7 @@ def _like_param(value: Any, param: Tensor) -> Any:
 
 
 def _global_means(tally: _Tally, prefix: str) -> dict[str, float]:
-    """Mean of each averaged statistic over all micro-batches of all ranks."""
+    """Token-weighted mean of each averaged statistic over all micro-batches of all ranks."""
     keys = sorted(tally.sums)
     both = {f"s/{k}": tally.sums[k] for k in keys} | {f"c/{k}": tally.counts[k] for k in keys}
     world = D.dist.get_world_size() if D.is_distributed() else 1

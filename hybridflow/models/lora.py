@@ -17,12 +17,15 @@ from torch import nn
 from hybridflow.config import ModelConfig
 
 
-def apply_lora(model: nn.Module, model_cfg: ModelConfig) -> nn.Module:
+def apply_lora(model: nn.Module, model_cfg: ModelConfig, *, seed: int | None = None) -> nn.Module:
     """Wrap ``model`` with LoRA adapters when ``model_cfg.lora_rank > 0``; else return it unchanged.
 
     Adapters: rank ``lora_rank``, scaling ``lora_alpha / lora_rank``, on ``target_modules``,
     no dropout (so a recomputed log-prob equals the rollout's), B initialised to zero (the
     wrapped model starts equal to the base). Only adapter weights are trainable.
+    seed: initialise A (Kaiming-uniform, peft's default) from this seed without touching the
+    global RNG, so two workers of one config — or a worker restarted before the first
+    checkpoint — start from the same adapters; None draws from the global RNG.
     """
     if model_cfg.lora_rank == 0:
         return model
@@ -36,7 +39,12 @@ def apply_lora(model: nn.Module, model_cfg: ModelConfig) -> nn.Module:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    if seed is None:
+        return get_peft_model(model, config)
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 def is_lora_model(model: nn.Module) -> bool:

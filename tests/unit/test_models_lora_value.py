@@ -109,3 +109,22 @@ def test_value_model_from_a_separate_critic_path(tmp_path):
     vm = load_value_model(ModelConfig(path="tiny"), critic_path=str(policy_dir), seed=1)
     lm = AutoModelForCausalLM.from_pretrained(policy_dir)
     assert torch.equal(vm.backbone.embed_tokens.weight, lm.model.embed_tokens.weight)
+
+
+def test_lora_adapters_start_from_the_seed_not_the_global_rng():
+    from hybridflow.models.lora import apply_lora
+
+    cfg = ModelConfig(path="tiny", lora_rank=4, target_modules=["q_proj", "v_proj"])
+
+    def adapters(global_seed: int, seed: int) -> dict:
+        torch.manual_seed(global_seed)
+        m = apply_lora(build_tiny_model(100, hidden_size=16, layers=1, seed=0), cfg, seed=seed)
+        return {k: v.detach().clone() for k, v in m.state_dict().items() if "lora_A" in k}
+
+    a, b, other = adapters(1, seed=7), adapters(2, seed=7), adapters(1, seed=8)
+    assert a and all(torch.equal(a[k], b[k]) for k in a)  # same seed, whatever the global RNG
+    assert not all(torch.equal(a[k], other[k]) for k in a)
+    base = build_tiny_model(100, hidden_size=16, layers=1, seed=0)
+    before = torch.get_rng_state()
+    apply_lora(base, cfg, seed=7)
+    assert torch.equal(torch.get_rng_state(), before)  # the global RNG is untouched

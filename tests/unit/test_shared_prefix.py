@@ -98,3 +98,15 @@ def test_gradient_checkpointing_in_training_takes_the_full_forward():
     assert not shared_prefix.shares_prompts(m)  # the cache would be switched off: no split
     m.eval()
     assert shared_prefix.shares_prompts(m)  # inference has a cache again
+
+
+def test_empty_responses_and_own_position_ids(model):
+    b = _batch()
+    empty = Batch.from_dict({"prompt_ids": b["prompt_ids"], "prompt_mask": b["prompt_mask"],
+                             "response_ids": b["response_ids"][:, :0], "response_mask": b["response_mask"][:, :0]})
+    assert response_logits(model, empty).shape == (6, 0, len(TOK))  # no suffix to run: the full path
+    # rows with equal tokens but other (caller-given) prompt positions are different prompts
+    pos = torch.arange(b["prompt_ids"].shape[1]).repeat(6, 1)
+    pos[1] += 3
+    first, inverse = prompt_groups(b["prompt_ids"], b["prompt_mask"], pos)
+    assert len(first) == 4 and inverse[0] != inverse[1] and inverse[0] == inverse[2]

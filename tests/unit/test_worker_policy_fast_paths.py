@@ -132,3 +132,17 @@ def test_micro_batches_see_only_their_own_width(monkeypatch):
     assert by_length(batch, torch.arange(4)).tolist() == [2, 0, 3, 1]
     assert by_length(batch, torch.arange(4), group_by_prompt=True).tolist() == [0, 1, 2, 3]
     assert by_length(batch, torch.tensor([3, 2, 1, 0]), group_by_prompt=True).tolist() == [2, 3, 0, 1]
+
+
+def test_update_statistics_do_not_depend_on_micro_batch_grouping():
+    """pg_clipfrac / ppo_kl are token means over the update, whatever the micro-batches hold."""
+    results = []
+    for micro in (1, 4):
+        worker = PolicyWorker(tiny_cfg(f"actor.micro_batch_trajectories={micro}", "actor.ppo_epochs=3",
+                                       "actor.lr=5e-2", "actor.old_log_probs=recompute"))
+        batch = with_advantages(worker.compute_log_probs(_ragged(worker, lengths=(6, 1, 3, 0))))
+        results.append(worker.update_policy(batch, expected_version=0, batch_id="b"))
+    one, four = results
+    assert four["actor/ppo_kl"] != 0.0 and four["actor/pg_clipfrac"] > 0.0  # later epochs moved off-policy
+    for k in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+        assert one[k] == pytest.approx(four[k], rel=1e-4, abs=1e-7), k
