@@ -7,6 +7,8 @@ so only the first call holds), publishes its PID in ``<key>.held`` and waits to 
 before returning. So a SIGKILL lands inside the node's call on the actor, after its work is
 done and before its result is returned or recorded, whatever the machine's load; a timing-based
 killer can miss a 70 ms tiny-model rollout. Not killed within HOLD_S, the call returns.
+Without a marker (or a run id) the patched methods behave as the originals: a process that
+imports this module (the pytest driver does, through the train flow's plugin import) is unchanged.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ def holds_dir(run_dir: str | Path) -> Path:
 
 
 def _hold(worker: PolicyWorker, key: str) -> None:
-    holds = holds_dir(Path(worker.cfg.trainer.run_dir) / worker.cfg.trainer.run_id)
+    run_id = worker.cfg.trainer.run_id
+    if not run_id:  # a worker outside a named run (e.g. a unit test in a process that imported this)
+        return
+    holds = holds_dir(Path(worker.cfg.trainer.run_dir) / run_id)
     try:
         os.rename(holds / key, holds / f"{key}.claimed")
     except FileNotFoundError:
