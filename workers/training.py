@@ -199,7 +199,8 @@ class Optimization:
     ) -> tuple[bool, float]:
         """One optimizer step on the mini-batch ``batch[rows]``; returns (applied, grad norm).
 
-        The mini-batch's rows are ordered by length and each micro-batch is trimmed of the
+        The mini-batch's rows are ordered (:func:`by_length`: by length, or by prompt then length
+        with ``group_by_prompt``) and each micro-batch is trimmed of the
         columns that are padding in all its rows (:meth:`Batch.trim_padding`), so a micro-batch
         of short responses is not computed at the longest response's width. The gradient is the
         same sum over rows (every micro-batch divides by the whole mini-batch's normaliser).
