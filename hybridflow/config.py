@@ -263,6 +263,18 @@ class RewardConfig(_Section):
     model: RewardModelConfig = Field(
         default_factory=RewardModelConfig, description="Learned reward model (sequence classification); off by default."
     )
+    # ---- rule rewards for verl's data sources (issue 17) ----
+    math_dapo_strict_box_verify: bool = Field(
+        False,
+        description="math_dapo/aime*: judge only the last \\boxed{} by exact string match "
+        "(verl math_dapo strict_box_verify); False = Minerva 'Answer:' line, then \\boxed{} fallback.",
+    )
+    code_case_timeout_s: float = Field(
+        5.0, gt=0, description="Code datasets (codecontests, apps, codeforces, taco): wall-clock limit per test case, seconds."
+    )
+    code_max_cases: int = Field(
+        10, gt=0, description="Code datasets: test cases run per response (the first N; verl's continuous score uses 10)."
+    )
 
     @model_validator(mode="after")
     def _check_model(self) -> RewardConfig:

@@ -1,4 +1,5 @@
-"""Answer extraction from model responses: ``\\boxed{}``, ``<answer>`` tags, ``#### N``, numbers.
+"""Answer extraction from model responses: ``\\boxed{}``, ``Answer:`` lines, ``<answer>`` tags,
+``#### N``, numbers — always the LAST one, so a response that revises its answer is judged on the revision.
 
 Pure string functions (no sympy, no regex over nested braces): they run inside reward
 worker processes on every response, so they stay cheap. Every extractor returns ``None``
@@ -16,33 +17,57 @@ _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
 _HASH_RE = re.compile(r"####\s*\$?\s*(" + _NUMBER + ")")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)")
+_ANSWER_LINE_RE = re.compile(r"(?i)answer\s*:")
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2013": "-"})
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, nested braces intact.
+    """Content of the LAST closed ``\\boxed{...}`` or ``\\fbox{...}`` in ``text``, nested braces intact.
 
-    ``extract_boxed(r"so \\boxed{\\frac{1}{3}}")`` → ``"\\frac{1}{3}"``. The brace-less form
-    ``\\boxed 5`` gives ``"5"``. Returns None when there is no box or its braces never close.
+    ``extract_boxed(r"so \\boxed{\\frac{1}{3}}")`` → ``"\\frac{1}{3}"``; ``r"\\boxed{2}, wait, actually
+    \\fbox{3}"`` → ``"3"`` (whichever command comes last). The brace-less form ``\\boxed 5`` gives
+    ``"5"``. A later box that never closes, or a bare ``\\boxed`` mention, is skipped in favour of the
+    last well-formed one. Returns None when no box is well formed. One pass over ``text`` however
+    many boxes it holds, so hostile input stays linear.
     """
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
+    starts = [m.start() for m in _BOX_RE.finditer(text)]
+    if not starts:
         return None
-    rest = text[start:]
-    rest = rest[len("\\boxed") :] if rest.startswith("\\boxed") else rest[len("\\fbox") :]
-    if rest.startswith(" "):  # "\boxed 5": up to the next whitespace or "$"
-        token = re.match(r"\s+([^\s$]+)", rest)
-        return token.group(1) if token else None
-    if not rest.startswith("{"):
-        return None
-    depth = 0
-    for i, ch in enumerate(rest):
+    closing = _closing_braces(text)
+    for start in reversed(starts):
+        cmd_end = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+        if text.startswith(" ", cmd_end):  # "\boxed 5": up to the next whitespace or "$"
+            token = re.match(r"\s+([^\s$]+)", text[cmd_end : cmd_end + 200])
+            if token:
+                return token.group(1)
+        elif cmd_end in closing:
+            return text[cmd_end + 1 : closing[cmd_end]]
+    return None
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """{index of "{": index of its matching "}"} for every brace pair that closes (one pass)."""
+    stack: list[int] = []
+    pairs: dict[int, int] = {}
+    for i, ch in enumerate(text):
         if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return rest[1:i]
+            stack.append(i)
+        elif ch == "}" and stack:
+            pairs[stack.pop()] = i
+    return pairs
+
+
+def extract_answer_line(text: str) -> str | None:
+    """What follows the LAST ``Answer:`` (any case, whitespace allowed around the colon, even a line
+    break after it) up to the end of that line — the Minerva format (Lewkowycz et al. 2022) that
+    DAPO's scorer reads. ``"Answer: 2. No wait, Answer: 3"`` → ``"3"``. An ``Answer:`` with nothing
+    after it is skipped for the one before. Returns the stripped text, or None when there is none.
+    """
+    for m in reversed(list(_ANSWER_LINE_RE.finditer(text))):
+        line = text[m.end() :].lstrip().split("\n", 1)[0].strip()
+        if line:
+            return line
     return None
 
 
@@ -88,6 +113,7 @@ def numbers_equal(a: str, b: str) -> bool:
 
 __all__ = [
     "extract_boxed",
+    "extract_answer_line",
     "extract_answer_tags",
     "extract_hash_answer",
     "last_number",

@@ -9,7 +9,9 @@ and must return a dict with ``score`` (float) plus extra fields (``acc``, ``pars
 that become metrics. :func:`default_compute_score` dispatches by ``data_source`` as verl's
 ``verl.utils.reward_score.default_compute_score`` does, then mixes in the format reward
 (:mod:`hybridflow.rewards.format`) by the weights in :class:`~hybridflow.config.RewardConfig`.
-One implementation per name: registering a name twice raises.
+One implementation per name: registering a name twice raises. A reward may also claim a name
+prefix (``register_reward("aime2024", prefixes=("aime",))``, as verl routes every
+``data_source.startswith("aime")``): an exact name wins over a prefix, a longer prefix over a shorter.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hybridflow.config import RewardConfig
 RuleReward = Callable[[str, Any, "dict[str, Any] | None", RewardConfig], dict[str, Any]]
 
 _REWARDS: dict[str, RuleReward] = {}
+_PREFIXES: dict[str, RuleReward] = {}
 _DEFAULT_CFG: RewardConfig | None = None
 
 
@@ -32,41 +35,52 @@ class UnknownDataSourceError(NotImplementedError, KeyError):
         return str(self.args[0])
 
 
-def register_reward(*data_sources: str) -> Callable[[RuleReward], RuleReward]:
-    """Decorator registering a rule reward under each of ``data_sources``.
+def register_reward(*data_sources: str, prefixes: tuple[str, ...] = ()) -> Callable[[RuleReward], RuleReward]:
+    """Decorator registering a rule reward under each of ``data_sources`` (and each name prefix).
 
-    Raises ValueError when a name is already registered or no name is given.
+    Raises ValueError when a name or prefix is already registered or no name is given.
     """
     if not data_sources:
         raise ValueError("register_reward needs at least one data_source name")
 
     def deco(fn: RuleReward) -> RuleReward:
-        for name in data_sources:
-            if name in _REWARDS:
-                raise ValueError(f"a reward for data_source {name!r} is already registered ({_REWARDS[name].__name__})")
-        for name in data_sources:
-            _REWARDS[name] = fn
+        for table, names in ((_REWARDS, data_sources), (_PREFIXES, prefixes)):
+            for name in names:
+                if name in table:
+                    raise ValueError(f"a reward for data_source {name!r} is already registered ({table[name].__name__})")
+        _REWARDS.update(dict.fromkeys(data_sources, fn))
+        _PREFIXES.update(dict.fromkeys(prefixes, fn))
         return fn
 
     return deco
 
 
 def get_reward(data_source: str) -> RuleReward:
-    """The rule reward for ``data_source``; UnknownDataSourceError lists the registered names."""
+    """The rule reward for ``data_source`` (exact name, else longest registered prefix);
+    UnknownDataSourceError lists the registered names."""
     _load_builtins()
-    try:
+    if data_source in _REWARDS:
         return _REWARDS[data_source]
-    except KeyError:
-        raise UnknownDataSourceError(
-            f"no reward registered for data_source {data_source!r}; registered: {', '.join(sorted(_REWARDS))} "
-            "(register one with @hybridflow.rewards.register_reward or set reward.function)"
-        ) from None
+    matching = [p for p in _PREFIXES if isinstance(data_source, str) and data_source.startswith(p)]
+    if matching:
+        return _PREFIXES[max(matching, key=len)]
+    prefixed = "".join(f", {p}*" for p in sorted(_PREFIXES))
+    raise UnknownDataSourceError(
+        f"no reward registered for data_source {data_source!r}; registered: {', '.join(sorted(_REWARDS))}{prefixed} "
+        "(register one with @hybridflow.rewards.register_reward or set reward.function)"
+    )
 
 
 def reward_names() -> list[str]:
-    """All registered data_source names, sorted."""
+    """All registered data_source names, sorted (prefixes are in :func:`reward_prefixes`)."""
     _load_builtins()
     return sorted(_REWARDS)
+
+
+def reward_prefixes() -> list[str]:
+    """All registered data_source prefixes, sorted."""
+    _load_builtins()
+    return sorted(_PREFIXES)
 
 
 def default_compute_score(
@@ -116,13 +130,24 @@ def _load_builtins() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        from hybridflow.rewards import arith, countdown, gsm8k, math_reward  # noqa: F401
+        from hybridflow.rewards import (  # noqa: F401
+            arith,
+            code,
+            countdown,
+            geo3k,
+            gsm8k,
+            math_dapo,
+            math_reward,
+            prime_math,
+            search_qa,
+        )
 
 
 __all__ = [
     "register_reward",
     "get_reward",
     "reward_names",
+    "reward_prefixes",
     "default_compute_score",
     "UnknownDataSourceError",
 ]

@@ -69,14 +69,15 @@ def test_gsm8k_non_numeric_truth_raises():
     ],
 )
 def test_math_equivalence_by_math_verify(response, truth, want):
-    out = default_compute_score("math", response, truth)
+    out = default_compute_score("lighteval/MATH", response, truth)
     assert out["score"] == want and out["parsed"] is True
 
 
 def test_math_unparsed_and_aliases():
     out = default_compute_score("lighteval/MATH", "I do not know", "3")
     assert out["parsed"] is False and out["score"] == 0.0
-    assert get_reward("HuggingFaceH4/MATH-500") is get_reward("math")
+    assert get_reward("HuggingFaceH4/MATH-500") is get_reward("lighteval/MATH")
+    assert get_reward("math") is get_reward("math_dapo")  # verl sends "math" to DAPO's scorer
 
 
 # ---- countdown -------------------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""Geometry3K rule reward (Lu et al. 2021), as verl's ``geo3k.compute_score``.
+
+``score = 0.9·acc + 0.1·format``: acc is 1.0 when the content of the LAST ``\\boxed{}``/``\\fbox{}``
+is equivalent to the ground truth by PRM800K's grader
+(:func:`~hybridflow.rewards.grading.grade_answer`, the grader that verl's ``mathruler`` also
+implements); format is 1.0 when the response is ``<think>…</think>`` followed by a ``\\boxed{…}``
+(verl's regex). Scores are 0.0, 0.1, 0.9 or 1.0. This 0.1 is verl's own shaping, separate from
+hybridflow's ``reward.format_weight``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from hybridflow.config import RewardConfig
+from hybridflow.rewards.extract import extract_boxed
+from hybridflow.rewards.grading import grade_answer
+from hybridflow.rewards.registry import register_reward
+
+_FORMAT_RE = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+FORMAT_SHARE = 0.1
+
+
+@register_reward("hiyouga/geometry3k")
+def geo3k_reward(solution_str: str, ground_truth: Any, extra_info: Any, cfg: RewardConfig) -> dict[str, Any]:
+    """(1 - 0.1)·acc + 0.1·format; returns {score, acc, format_ok, parsed, pred}.
+
+    Raises ValueError when ground_truth is not a non-empty string (a number is read as its string).
+    """
+    if isinstance(ground_truth, int | float) and not isinstance(ground_truth, bool):
+        ground_truth = str(ground_truth)
+    if not isinstance(ground_truth, str) or not ground_truth.strip():
+        raise ValueError(f"geometry3k ground truth {ground_truth!r} is not a non-empty string")
+    pred = extract_boxed(solution_str)
+    acc = float(grade_answer(pred, ground_truth.strip()))
+    fmt = 1.0 if _FORMAT_RE.fullmatch(solution_str) else 0.0
+    score = (1.0 - FORMAT_SHARE) * acc + FORMAT_SHARE * fmt
+    return {"score": score, "acc": acc, "format_ok": fmt, "parsed": pred is not None, "pred": pred}
