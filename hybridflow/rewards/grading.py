@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import math
 import re
 import threading
 from fractions import Fraction
@@ -79,7 +78,7 @@ def _prm_normalize(expr: str) -> str:
 def _number(s: str) -> Fraction | None:
     """Exact value of a plain decimal number (thousands commas allowed), else None."""
     t = s.strip()
-    if re.fullmatch(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d{1,3})?|-?\.\d+", t):
+    if re.fullmatch(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d{1,3})?|[-+]?\.\d+", t):
         return Fraction(t.replace(",", ""))
     return None
 
@@ -186,12 +185,13 @@ _COSTLY_RES = [
     re.compile(r"\d{4,}\s*!"),  # 1000! and more
 ]
 _MAX_DEPTH = 30
+_LATEX_CMD_RE = re.compile(r"\\[A-Za-z]+")
 
 
 def too_costly(text: str, max_chars: int | None = MAX_SYMBOLIC_CHARS) -> bool:
     """True when ``text`` is too expensive to hand to a symbolic engine: longer than ``max_chars``
-    (None = no limit), a power tower (``10^{10^{10}}``, ``9^9^9``, ``9**9**9``), an exponent of 1000
-    or more, a factorial of 1000 or more, or brackets nested deeper than 30. Big-integer arithmetic
+    (None = no limit, for whole responses), a power tower (``10^{10^{10}}``, ``9^9^9``, ``9**9**9``),
+    an exponent of 1000 or more, a factorial of 1000 or more, or brackets nested deeper than 30. Big-integer arithmetic
     runs in C and ignores the SIGALRM timeouts, so such answers would hold a reward worker until the
     executor kills it; they are judged by string and number comparison only."""
     if max_chars is not None and len(text) > max_chars:
@@ -210,9 +210,10 @@ def too_costly(text: str, max_chars: int | None = MAX_SYMBOLIC_CHARS) -> bool:
 
 def symbolic_equal(a: str, b: str) -> bool:
     """math-verify's equivalence of two answers, each read as LaTeX in ``\\boxed{}`` (and as a plain
-    expression); False when either does not parse or is :func:`too_costly`. Never evaluates the text
-    as Python. Results are cached per pair within a worker."""
-    if too_costly(a) or too_costly(b):
+    expression); False when either does not parse, is :func:`too_costly`, or holds more than two
+    distinct letters outside LaTeX commands (PRM800K's ``should_allow_eval``: words are not
+    expressions). Never evaluates the text as Python. Results are cached per pair within a worker."""
+    if any(too_costly(x) or len(set(re.findall(r"[A-Za-z]", _LATEX_CMD_RE.sub("", x)))) > 2 for x in (a, b)):
         return False
     return _symbolic_equal(a, b)
 
