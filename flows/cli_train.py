@@ -92,10 +92,15 @@ def _load(args: argparse.Namespace):
 
 def _preflight(cfg, resume: str | None) -> None:
     """Check inputs before starting servers (PreflightError, printed by the CLI, exit 2). A resumed
-    run is checked against its saved config (the one it continues with)."""
+    run is checked against its saved config (the one it continues with), and what it loads from
+    its folder first (result records, the checkpoint: :func:`flows.preflight.check_resume_folder`)."""
     from flows.preflight import preflight
     from hybridflow.config import load_config
 
+    if resume:
+        from flows.preflight import check_resume_folder
+
+        check_resume_folder(resume, cfg, warn=lambda line: print(line, file=sys.stderr))
     report = preflight(load_config(Path(resume) / "config.yaml") if resume else cfg)
     skipped = int(report.get("data/train_skipped_rows", 0) + report.get("data/val_skipped_rows", 0))
     if skipped:

@@ -216,6 +216,24 @@ def check_reward_function(cfg: ExperimentConfig) -> None:
         executor.close()
 
 
+def check_resume_folder(run_dir: str | Path, cfg: ExperimentConfig, warn: Any = print) -> str | None:
+    """What a resume of ``run_dir`` loads, checked before any server starts: every Prefect result
+    record under ``prefect-results/`` is JSON of the node-result shape (never unpickled), and the
+    checkpoint to resume from matches its manifest — else the newest intact one
+    (``trainer.resume_fallback``; ``warn`` gets one line) or a PreflightError. Returns the
+    checkpoint the run resumes from (None: there is none)."""
+    from tasks.results import ResultRecordError, check_result_records
+    from workers.checkpoint import CheckpointError
+    from workers.checkpoint_integrity import choose_resume_checkpoint
+
+    try:
+        check_result_records(run_dir)
+        return choose_resume_checkpoint(Path(run_dir) / "checkpoints", fallback=cfg.trainer.resume_fallback,
+                                        warn=warn)
+    except (ResultRecordError, CheckpointError) as e:
+        raise PreflightError(f"--resume {run_dir}: {e}") from None
+
+
 def preflight(cfg: ExperimentConfig) -> dict[str, float]:
     """Every check above, cheapest first. Returns the data report (counts of skipped rows...)."""
     check_run_dir(cfg)
@@ -226,4 +244,5 @@ def preflight(cfg: ExperimentConfig) -> dict[str, float]:
 
 
 __all__ = ["PreflightError", "Datasets", "preflight", "check_run_dir", "check_engine", "check_models",
-           "check_context_length", "check_group_size", "load_datasets", "check_reward_function"]
+           "check_context_length", "check_group_size", "load_datasets", "check_reward_function",
+           "check_resume_folder"]

@@ -7,8 +7,8 @@ keys, unless ``--override`` is given: then the new values apply, ``config.yaml``
 ``config_overrides`` (when, from which checkpoint, saved and new value).
 
 Always allowed: a larger ``trainer.total_iterations`` (extending a run is what resume is
-for); ``trainer.run_id`` / ``trainer.run_dir`` / ``trainer.resume`` name the run, they do not
-change it.
+for); ``trainer.run_id`` / ``trainer.run_dir`` / ``trainer.resume`` name the run and
+``trainer.resume_fallback`` governs the resume itself: they do not change the experiment.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from flows.preflight import PreflightError
 from hybridflow.config import ExperimentConfig, dump_config, flatten_config, load_config
 
 IDENTITY_KEYS = ("trainer.run_id", "trainer.run_dir", "trainer.resume")
+FREE_KEYS = (*IDENTITY_KEYS, "trainer.resume_fallback")
 
 
 def config_changes(saved: ExperimentConfig, requested: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved value, requested value)}`` for every flattened key that differs, except the
-    identity keys and a larger ``trainer.total_iterations``."""
+    free keys (:data:`FREE_KEYS`) and a larger ``trainer.total_iterations``."""
     old, new = flatten_config(saved), flatten_config(requested)
     changes = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-               if old.get(k) != new.get(k) and k not in IDENTITY_KEYS}
+               if old.get(k) != new.get(k) and k not in FREE_KEYS}
     extend = changes.get("trainer.total_iterations")
     if extend is not None and extend[1] > extend[0]:
         del changes["trainer.total_iterations"]
@@ -80,4 +81,4 @@ def _record(run_dir: Path, changes: dict[str, tuple[Any, Any]]) -> None:
     tmp.replace(run_dir / "run.json")
 
 
-__all__ = ["config_changes", "reconcile_resume_config", "IDENTITY_KEYS"]
+__all__ = ["config_changes", "reconcile_resume_config", "IDENTITY_KEYS", "FREE_KEYS"]

@@ -97,9 +97,13 @@ class RunState:
         }
 
     def restore(self, ckpt_root: str) -> None:
-        from workers.checkpoint import load_latest, read_trainer_state
+        """Driver state from the checkpoint a resume loads: the latest one that matches its manifest
+        (``trainer.resume_fallback``: else the newest intact one, with a warning; the pools' workers
+        then restore the same step, which ``latest`` names). Raises CheckpointError."""
+        from flows.preflight import check_resume_folder
+        from workers.checkpoint import read_trainer_state
 
-        path = load_latest(ckpt_root)
+        path = check_resume_folder(self.run_dir, self.cfg, warn=_warn)
         if path is None:
             return
         st = read_trainer_state(path)
@@ -216,6 +220,17 @@ class RunState:
             **self.info,
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
+
+
+def _warn(line: str) -> None:
+    try:
+        from prefect import get_run_logger
+
+        get_run_logger().warning(line)
+    except Exception:  # noqa: BLE001 - outside a flow run: stderr
+        import sys
+
+        print(line, file=sys.stderr)
 
 
 def open_run(cfg: ExperimentConfig, *, resume: str | None, flow_run_id: str | None = None) -> RunState:
