@@ -1,8 +1,9 @@
 """``hybridflow train -c CONFIG [key=value ...] [--resume RUN_DIR]``.
 
-Validates the config first (fast, before anything heavy), starts a local Prefect server on
-127.0.0.1 unless PREFECT_API_URL is set, starts Ray once, runs the train flow, prints the
-summary, and stops what it started.
+Validates the config first (fast, before anything heavy), takes the run folder's lock
+(:mod:`flows.run_lock`: one run per folder), checks what a resume loads from the folder, starts
+a local Prefect server on 127.0.0.1 unless PREFECT_API_URL is set, starts Ray once, runs the
+train flow, prints the summary, and stops what it started.
 """
 
 from __future__ import annotations
