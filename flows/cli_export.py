@@ -135,14 +135,19 @@ def export_checkpoint(
     """Write checkpoint ``step`` of ``run_dir`` as a plain HF folder ``out_dir`` (atomically).
 
     Returns the provenance dict written to ``out_dir/hybridflow_export.json`` (run, step,
-    weights_version, source folder) plus the check's result. Raises CheckpointNotFoundError
-    (missing run/step, listing the steps), FileExistsError (``out_dir`` exists and not
-    ``overwrite``), ValueError (the result is not a loadable HF folder).
+    weights_version, source folder) plus the check's result. The copy is written to a temporary
+    sibling of ``out_dir``, checked there, and renamed into place only when complete: on any
+    error nothing is left at ``out_dir``. Raises CheckpointNotFoundError (missing run/step,
+    listing the steps), CheckpointDamagedError (the step does not match its manifest),
+    FileExistsError (``out_dir`` exists and not ``overwrite``), ValueError (the result is not a
+    loadable HF folder), OSError (e.g. the disk is full).
     """
     from hybridflow.models.fsutil import atomic_directory
     from workers.checkpoint import read_trainer_state
+    from workers.checkpoint_integrity import verify_checkpoint
 
     step_dir = resolve_checkpoint(run_dir, step)
+    verify_checkpoint(step_dir)  # a truncated or changed file: CheckpointDamagedError, nothing written
     src = step_dir / "policy"
     if not (src / "config.json").is_file():
         raise CheckpointNotFoundError(f"checkpoint {step_dir} has no policy/ HF folder (no {src / 'config.json'})")
@@ -163,8 +168,20 @@ def export_checkpoint(
         shutil.copytree(src, tmp, dirs_exist_ok=True)
         _ensure_generation_config(tmp)
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2))
-    info["check"] = check_hf_folder(out, load=load_check)
+        info["check"] = check_hf_folder(tmp, load=load_check)  # before the rename: a failed export leaves nothing
     return info
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def _other_steps(run_dir: str, e: BaseException) -> str:
+    from workers.checkpoint_integrity import CheckpointDamagedError
+
+    if not isinstance(e, CheckpointDamagedError):
+        return ""
+    return f"; steps saved: {', '.join(map(str, checkpoint_steps(run_dir)))} (export another with --step N)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -177,13 +194,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from workers.checkpoint import CheckpointError
+
     try:
         parse_step(args.step)
         info = export_checkpoint(args.run_dir, args.step, args.out_dir, overwrite=args.force,
                                  load_check=not args.no_load_check)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (FileNotFoundError, FileExistsError, ValueError, CheckpointError) as e:
+        print(f"error: {_one_line(e)}{_other_steps(args.run_dir, e)}", file=sys.stderr)
         return 2
+    except OSError as e:  # disk full, I/O error while writing OUT_DIR
+        print(f"error: cannot write {args.out_dir}: {e.strerror or e}; nothing was exported", file=sys.stderr)
+        return 1
     params = info["check"]["parameters"]
     size = f", {params / 1e6:.1f}M parameters" if params else ""
     print(f"exported step {info['step']} of {info['run_id']} (weights_version {info['weights_version']}) "

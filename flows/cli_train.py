@@ -1,8 +1,9 @@
 """``hybridflow train -c CONFIG [key=value ...] [--resume RUN_DIR]``.
 
-Validates the config first (fast, before anything heavy), starts a local Prefect server on
-127.0.0.1 unless PREFECT_API_URL is set, starts Ray once, runs the train flow, prints the
-summary, and stops what it started.
+Validates the config first (fast, before anything heavy), takes the run folder's lock
+(:mod:`flows.run_lock`: one run per folder), checks what a resume loads from the folder, starts
+a local Prefect server on 127.0.0.1 unless PREFECT_API_URL is set, starts Ray once, runs the
+train flow, prints the summary, and stops what it started.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -17,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="YAML config (examples/grpo_arith.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.lr=2e-6 rollout.temperature=0.8")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint ('auto' = latest)")
+    p.add_argument("--override", action="store_true",
+                   help="with --resume: apply overrides that change the saved config (recorded in run.json); "
+                        "without it they are refused")
     p.add_argument("--prefect-home", default=None, help="where the local Prefect server keeps its SQLite db")
 
 
@@ -72,9 +77,9 @@ def _load(args: argparse.Namespace):
     if not args.resume:
         return cfg, None
     if args.resume == "auto":
-        from flows.run_state import _latest_run
+        from flows.run_lock import latest_run
 
-        target = _latest_run(Path(cfg.trainer.run_dir))
+        target = latest_run(Path(cfg.trainer.run_dir))
         if target is None:
             return cfg, None
     else:
@@ -88,14 +93,72 @@ def _load(args: argparse.Namespace):
 
 def _preflight(cfg, resume: str | None) -> None:
     """Check inputs before starting servers (PreflightError, printed by the CLI, exit 2). A resumed
-    run is checked against its saved config (the one it continues with)."""
+    run is checked against its saved config (the one it continues with), and what it loads from
+    its folder first (result records, the checkpoint: :func:`flows.preflight.check_resume_folder`)."""
     from flows.preflight import preflight
     from hybridflow.config import load_config
 
+    if resume:
+        from flows.preflight import check_resume_folder
+
+        check_resume_folder(resume, cfg, warn=lambda line: print(line, file=sys.stderr))
     report = preflight(load_config(Path(resume) / "config.yaml") if resume else cfg)
     skipped = int(report.get("data/train_skipped_rows", 0) + report.get("data/val_skipped_rows", 0))
     if skipped:
         print(f"skipping {skipped} bad dataset rows (data.on_bad_row=skip)", file=sys.stderr)
+
+
+@contextmanager
+def owned_run_dir(cfg, resume: str | None, *, apply_overrides: bool = False):
+    """Lock the run directory for this command's lifetime (``flows.run_lock``) before any server
+    starts, and yield the config to run. A second start of the same ``trainer.run_id``, or a
+    ``--resume`` of a folder a live run holds, is a RunLockedError (one line, exit 2); a new run
+    whose folder already holds a run is a PreflightError. A new run without ``trainer.run_id``
+    gets its generated name fixed in the config, so the flow opens the folder locked here. On
+    resume, overrides that change the saved config are refused unless ``apply_overrides``
+    (:func:`flows.resume_config.reconcile_resume_config`). A folder created here and left empty
+    (the run was refused before it wrote anything) is removed at exit."""
+    from flows.preflight import PreflightError
+    from flows.run_lock import acquire_run_lock, release_run_lock, resolve_run_dir
+
+    if apply_overrides and resume is None:
+        raise PreflightError("--override applies only with --resume (a new run takes its overrides as they are)")
+    run_dir, reopen = resolve_run_dir(cfg, resume)
+    if not reopen:
+        from flows.preflight import check_run_dir
+
+        check_run_dir(cfg)  # an unwritable trainer.run_dir is named as such, not as a lock failure
+        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"run_id": run_dir.name})})
+    acquire_run_lock(run_dir)
+    try:
+        if not reopen and (run_dir / "run.json").exists():
+            raise PreflightError(f"run directory {run_dir} already holds a run (trainer.run_id={run_dir.name!r}); "
+                                 f"continue it with --resume {run_dir}, or choose another trainer.run_id")
+        if reopen:
+            from flows.resume_config import reconcile_resume_config
+
+            cfg = reconcile_resume_config(cfg, run_dir, apply=apply_overrides)
+        yield cfg
+    finally:
+        release_run_lock(run_dir, remove_empty_dir=not reopen)
+
+
+def storage_error_line(exc: BaseException) -> str | None:
+    """``error: <message>`` for a CheckpointError anywhere in ``exc``'s chain (Ray wraps a worker's
+    error as RayTaskError(CheckpointError), Prefect re-raises it from the task); None otherwise."""
+    from workers.checkpoint import CheckpointError
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        cause = getattr(e, "cause", None)  # RayTaskError keeps the worker's exception as .cause
+        if isinstance(cause, CheckpointError):
+            e = cause
+        if isinstance(e, CheckpointError):
+            return "error: " + " ".join(str(e.args[0] if e.args else e).split("\n")[0].split())
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def drain_prefect_services(timeout_s: float = 20.0) -> None:
@@ -127,7 +190,19 @@ def run(args: argparse.Namespace) -> int:
     stop_on_sigterm()
     cfg, resume = _load(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _preflight(cfg, resume)  # data, model, reward function, run dir: before any server starts
+    with owned_run_dir(cfg, resume, apply_overrides=args.override) as cfg:  # one run per folder, before any server
+        _preflight(cfg, resume)  # data, model, reward function, run dir: before any server starts
+        try:
+            return _train_with_servers(args, cfg, resume)
+        except Exception as e:  # noqa: BLE001 - only storage errors are turned into one line
+            line = storage_error_line(e)
+            if line is None:
+                raise
+            print(line, file=sys.stderr)
+            return 1
+
+
+def _train_with_servers(args: argparse.Namespace, cfg, resume: str | None) -> int:
     from flows.runtime import ensure_prefect_api
 
     home = args.prefect_home or str(Path(cfg.trainer.run_dir).resolve() / ".prefect")

@@ -11,6 +11,10 @@ key, the value and what is wrong:
   row (unless ``data.on_bad_row=skip``: then the rows are skipped and counted) or a prompt
   longer than ``data.max_prompt_tokens`` (policy ``error``);
 - fewer usable prompts than ``data.prompts_per_step``;
+- ``data.max_prompt_tokens`` (alone, or plus ``rollout.max_response_tokens``) longer than the
+  model's context (``max_position_embeddings``);
+- a group-baseline advantage estimator (GRPO, RLOO, ...: registered with
+  ``min_samples_per_prompt=2``) with ``rollout.samples_per_prompt=1``;
 - ``reward.function`` does not import (loaded in a throw-away reward process, as the reward
   pool will load it, so an import that crashes cannot take the caller down).
 
@@ -90,6 +94,42 @@ def check_engine(cfg: ExperimentConfig) -> None:
         )
 
 
+def check_context_length(cfg: ExperimentConfig) -> None:
+    """Prompt and response budgets fit the policy's context (its config's
+    ``max_position_embeddings``): a longer prompt would be cut or run past the position table.
+    Models whose config names no context length are not checked."""
+    from hybridflow.models.loading import context_length
+
+    context = context_length(cfg.model)
+    if context is None:
+        return
+    prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens
+    if prompt > context:
+        raise PreflightError(f"data.max_prompt_tokens={prompt} is longer than the model's context "
+                             f"({context} positions, model.path={cfg.model.path!r}); use at most {context}")
+    if prompt + response > context:
+        raise PreflightError(
+            f"data.max_prompt_tokens={prompt} + rollout.max_response_tokens={response} = {prompt + response} "
+            f"tokens exceed the model's context ({context} positions, model.path={cfg.model.path!r}); "
+            "lower one of them"
+        )
+
+
+def check_group_size(cfg: ExperimentConfig) -> None:
+    """A group-baseline estimator needs more than one sample per prompt (verl refuses GRPO with
+    rollout.n=1): with one sample the group baseline is the sample itself."""
+    from hybridflow.algorithms.registry import advantage_estimator_min_samples
+
+    name, n = cfg.algorithm.adv_estimator, cfg.rollout.samples_per_prompt
+    needed = advantage_estimator_min_samples(name)
+    if n < needed:
+        raise PreflightError(
+            f"rollout.samples_per_prompt={n} but algorithm.adv_estimator={name!r} compares each response "
+            f"with the other responses to its prompt: sample at least {needed} per prompt "
+            "(or use an estimator without a group baseline, e.g. gae with a critic, or reinforce_plus_plus)"
+        )
+
+
 def _load_split(key: str, files: list[str], cfg: ExperimentConfig, tokenizer: Any) -> tuple[Any, Any]:
     from hybridflow.data import PromptDataset, load_rows
     from hybridflow.data.io import read_records
@@ -127,7 +167,9 @@ def load_datasets(cfg: ExperimentConfig) -> Datasets:
 
     if not cfg.data.train_files:
         raise PreflightError("data.train_files is empty: give at least one parquet/jsonl file")
+    check_group_size(cfg)
     check_models(cfg)
+    check_context_length(cfg)
     try:
         tokenizer = load_tokenizer(cfg.model)
     except (OSError, ValueError) as e:
@@ -174,6 +216,24 @@ def check_reward_function(cfg: ExperimentConfig) -> None:
         executor.close()
 
 
+def check_resume_folder(run_dir: str | Path, cfg: ExperimentConfig, warn: Any = print) -> str | None:
+    """What a resume of ``run_dir`` loads, checked before any server starts: every Prefect result
+    record under ``prefect-results/`` is JSON of the node-result shape (never unpickled), and the
+    checkpoint to resume from matches its manifest — else the newest intact one
+    (``trainer.resume_fallback``; ``warn`` gets one line) or a PreflightError. Returns the
+    checkpoint the run resumes from (None: there is none)."""
+    from tasks.results import ResultRecordError, check_result_records
+    from workers.checkpoint import CheckpointError
+    from workers.checkpoint_integrity import choose_resume_checkpoint
+
+    try:
+        check_result_records(run_dir)
+        return choose_resume_checkpoint(Path(run_dir) / "checkpoints", fallback=cfg.trainer.resume_fallback,
+                                        warn=warn)
+    except (ResultRecordError, CheckpointError) as e:
+        raise PreflightError(f"--resume {run_dir}: {e}") from None
+
+
 def preflight(cfg: ExperimentConfig) -> dict[str, float]:
     """Every check above, cheapest first. Returns the data report (counts of skipped rows...)."""
     check_run_dir(cfg)
@@ -184,4 +244,5 @@ def preflight(cfg: ExperimentConfig) -> dict[str, float]:
 
 
 __all__ = ["PreflightError", "Datasets", "preflight", "check_run_dir", "check_engine", "check_models",
-           "load_datasets", "check_reward_function"]
+           "check_context_length", "check_group_size", "load_datasets", "check_reward_function",
+           "check_resume_folder"]

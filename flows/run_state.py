@@ -18,14 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flows.run_lock import resolve_run_dir
 from hybridflow.config import ExperimentConfig, dump_config, load_config
 from tasks.common import NodeResult, RunContext, load_node_output, result_storage_path
 from workers.pool import namespace_for
-
-
-def _latest_run(parent: Path) -> Path | None:
-    runs = [p for p in parent.iterdir() if (p / "run.json").exists()] if parent.exists() else []
-    return max(runs, key=lambda p: (p / "run.json").stat().st_mtime) if runs else None
 
 
 class RunState:
@@ -50,6 +46,14 @@ class RunState:
         self._load_data()
 
     # ---- identity / persistence ----
+    def close(self) -> None:
+        """Release the run directory's lock (taken by :func:`open_run`); idempotent."""
+        from flows.run_lock import release_run_lock
+
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            release_run_lock(self.run_dir)
+
     def bind(self, **info: Any) -> None:
         self.info.update(info)
         self.mlflow_run_id = info.get("mlflow_run_id", self.mlflow_run_id)
@@ -93,9 +97,13 @@ class RunState:
         }
 
     def restore(self, ckpt_root: str) -> None:
-        from workers.checkpoint import load_latest, read_trainer_state
+        """Driver state from the checkpoint a resume loads: the latest one that matches its manifest
+        (``trainer.resume_fallback``: else the newest intact one, with a warning; the pools' workers
+        then restore the same step, which ``latest`` names). Raises CheckpointError."""
+        from flows.preflight import check_resume_folder
+        from workers.checkpoint import read_trainer_state
 
-        path = load_latest(ckpt_root)
+        path = check_resume_folder(self.run_dir, self.cfg, warn=_warn)
         if path is None:
             return
         st = read_trainer_state(path)
@@ -214,36 +222,50 @@ class RunState:
         }
 
 
+def _warn(line: str) -> None:
+    try:
+        from prefect import get_run_logger
+
+        get_run_logger().warning(line)
+    except Exception:  # noqa: BLE001 - outside a flow run: stderr
+        import sys
+
+        print(line, file=sys.stderr)
+
+
 def open_run(cfg: ExperimentConfig, *, resume: str | None, flow_run_id: str | None = None) -> RunState:
     """Create a new run directory, or reopen one to resume (``resume`` = its path, or "auto").
 
+    The run takes the folder's lock (:mod:`flows.run_lock`; re-entrant, so the CLI that already
+    holds it can run the flow); :meth:`RunState.close` releases it.
     ``flow_run_id``: the Prefect flow run that opens the run (recorded in run.json as
     ``prefect_flow_run_id``). When ``trainer.run_id`` names a run directory whose run.json was
     written by this same flow run, the flow run is being retried (the Prefect UI's Retry, or its
     state set back to Scheduled through the API) and the directory is resumed like ``resume``.
     Raises FileExistsError when the directory holds another run (a fresh run needs a new
     ``trainer.run_id``; continuing it is ``resume``), FileNotFoundError when ``resume`` is not a
-    run directory.
+    run directory, RunLockedError when a live run holds the folder.
     """
-    parent = Path(cfg.trainer.run_dir)
-    target: Path | None = None
-    if resume == "auto" or (resume is None and cfg.trainer.resume == "auto"):
-        target = _latest_run(parent)
-    elif resume:
-        target = Path(resume)
-        if not (target / "run.json").exists():
-            raise FileNotFoundError(f"--resume {resume}: not a run directory (no run.json)")
-    if target is not None:
-        return _reopen(cfg, target)
-    from flows.preflight import check_run_dir
+    from flows.run_lock import acquire_run_lock, release_run_lock
 
-    check_run_dir(cfg)
-    run_id = cfg.trainer.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.algorithm.adv_estimator}"
-    run_dir = parent / run_id
-    if (run_dir / "run.json").exists():
-        if flow_run_id and _recorded_flow_run(run_dir) == flow_run_id:
-            return _reopen(cfg, run_dir)  # a retry of the flow run that created it
-        raise FileExistsError(f"run directory {run_dir} exists; resume it with --resume {run_dir}")
+    run_dir, reopen = resolve_run_dir(cfg, resume)
+    if not reopen:
+        from flows.preflight import check_run_dir
+
+        check_run_dir(cfg)
+    acquire_run_lock(run_dir)
+    try:
+        if reopen or (flow_run_id and _recorded_flow_run(run_dir) == flow_run_id):
+            return _reopen(cfg, run_dir)  # resume, or a retry of the flow run that created it
+        if (run_dir / "run.json").exists():
+            raise FileExistsError(f"run directory {run_dir} exists; resume it with --resume {run_dir}")
+        return _create(cfg, run_dir)
+    except BaseException:
+        release_run_lock(run_dir)
+        raise
+
+
+def _create(cfg: ExperimentConfig, run_dir: Path) -> RunState:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     result_storage_path(str(run_dir)).mkdir(parents=True, exist_ok=True)

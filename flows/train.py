@@ -215,6 +215,7 @@ def train(
         state.tear_down_pools()
         tracker.log_curves()
         tracker.finish(status)
+        state.close()  # the folder's lock (the CLI, when it started the run, holds its own until it exits)
     summary = state.summary()
     Path(state.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     logger.info("summary: %s", json.dumps(summary))

@@ -337,6 +337,11 @@ class TrainerConfig(_Section):
     plugins: list[str] = Field(
         default_factory=list, description="Modules imported first; they may register estimators, losses, nodes."
     )
+    # ---- resume from damaged storage (docs/reliability.md, Storage) ----
+    resume_fallback: bool = Field(
+        True, description="On resume, when the latest checkpoint does not match its manifest (truncated or changed "
+        "files): resume from the newest intact checkpoint with a warning (true) or refuse to resume (false)."
+    )
 
 
 class TrackingConfig(_Section):

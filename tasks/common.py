@@ -83,16 +83,23 @@ def _ref_fingerprint(value: Any) -> Any:
 
 def node_cache_key(context: Any, parameters: dict[str, Any]) -> str:
     """Cache key = (run id, iteration, node, input refs): never a hash of tensors (torch tensors
-    pickle differently every time, so a default input hash would never hit)."""
+    pickle differently every time, so a default input hash would never hit). The record stored
+    under that key is checked first (:func:`tasks.results.guard_cached_record`): Prefect would
+    deserialize it with whatever serializer it names, pickle included."""
     run = parameters["run"]
     node = context.task.name
     inputs = {k: _ref_fingerprint(v) for k, v in sorted(parameters.items()) if k != "run"}
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
-    return f"{run.run_id}-iter{run.iteration:06d}-{node}-{digest}"
+    key = f"{run.run_id}-iter{run.iteration:06d}-{node}-{digest}"
+    from tasks.results import guard_cached_record
+
+    guard_cached_record(result_storage_path(run.run_dir) / key)  # before Prefect reads (and unpickles) it
+    return key
 
 
 def result_storage_path(run_dir: str) -> Path:
-    """Prefect result storage for a run: ``<run_dir>/prefect-results`` (shared storage on a cluster)."""
+    """Prefect result storage for a run: ``<run_dir>/prefect-results`` (shared storage on a cluster).
+    Records there are read only as JSON node results (:mod:`tasks.results`)."""
     return Path(run_dir) / "prefect-results"
 
 

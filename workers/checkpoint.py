@@ -7,6 +7,7 @@ A checkpoint is one step folder under the run's checkpoint root::
         policy_optim/rank_0.safetensors + rank_0.json   optimizer state + worker state, per rank
         critic/, critic_optim/       when a critic is trained
         trainer_state.json           caller's dict: weights_version per role, RNG, sampler, iteration
+        manifest.json                every file's size and sha256, written last (checkpoint_integrity)
     <ckpt_root>/latest               text file holding "step_000007"
 
 Saving is two-phase so several workers (possibly in several processes) can write one step:
@@ -15,7 +16,7 @@ Saving is two-phase so several workers (possibly in several processes) can write
    from an interrupted save is removed); ``step_dir(root, step)`` names the same path;
 2. workers write into ``tmp`` (``PolicyWorker.save_checkpoint(tmp)``, ...);
 3. ``commit_save(root, step, trainer_state)`` (alias ``finalize_checkpoint``) writes
-   ``trainer_state.json``, renames the folder to ``step_000007/`` and replaces ``latest``
+   ``trainer_state.json``, then ``manifest.json`` (sizes + sha256 of every file), renames the folder to ``step_000007/`` and replaces ``latest``
    atomically (tmp file + ``os.replace``).
 
 A crash before step 3 finishes leaves the previous checkpoint and ``latest`` untouched.
@@ -27,6 +28,7 @@ filesystem paths only (atomic rename is what makes the commit safe).
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import random
@@ -35,7 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from hybridflow.models.checkpoint import WriteError, errno_of, io_error_text
 
 STEP_PREFIX = "step_"
 LATEST = "latest"
@@ -104,8 +109,11 @@ def commit_save(ckpt_root: str | os.PathLike, step: int, trainer_state: dict[str
     if not tmp.is_dir():
         raise CheckpointError(f"commit_save: {tmp} does not exist (call begin_save first)")
     try:
+        from workers.checkpoint_integrity import write_manifest
+
         payload = json.dumps(trainer_state, indent=1, sort_keys=True).encode()
         _fsync_write(tmp / TRAINER_STATE, payload)
+        write_manifest(tmp)  # last: a step whose files changed after this no longer verifies
         if final.exists():
             old = root / f"{name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -198,14 +206,18 @@ def save_state(obj: Any, prefix: str | os.PathLike) -> None:
     """Write nested dicts/lists/tuples of tensors and JSON scalars to ``prefix.safetensors`` +
     ``prefix.json`` (no pickle). Dict keys must be str or int (int keys survive the round trip).
 
-    Raises TypeError for values that are neither tensors nor JSON scalars.
+    Raises TypeError for values that are neither tensors nor JSON scalars, WriteError (an
+    OSError naming the file and the OS error) when writing fails.
     """
     tensors: dict[str, torch.Tensor] = {}
     structure = _flatten(obj, tensors, "")
     prefix = Path(prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, f"{prefix}.safetensors")
-    _fsync_write(Path(f"{prefix}.json"), json.dumps(structure).encode())
+    try:
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, f"{prefix}.safetensors")
+        _fsync_write(Path(f"{prefix}.json"), json.dumps(structure).encode())
+    except (OSError, SafetensorError) as e:  # disk full, I/O error: safetensors' writer raises its own type
+        raise WriteError(errno_of(e) or errno.EIO, f"cannot write {prefix}.safetensors: {io_error_text(e)}") from e
 
 
 def load_state(prefix: str | os.PathLike) -> Any:
@@ -214,8 +226,8 @@ def load_state(prefix: str | os.PathLike) -> Any:
         tensors = load_file(f"{prefix}.safetensors")
         structure = json.loads(Path(f"{prefix}.json").read_text())
         return _unflatten(structure, tensors)
-    except (OSError, json.JSONDecodeError, KeyError, ValueError) as e:
-        raise CheckpointError(f"cannot load state {prefix}: {e}") from e
+    except (OSError, json.JSONDecodeError, KeyError, ValueError, SafetensorError) as e:
+        raise CheckpointError(f"cannot load state {prefix}: {io_error_text(e)}") from e
 
 
 # ---- RNG states as JSON ------------------------------------------------------------------------
@@ -270,14 +282,17 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 def read_safetensors_folder(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     """All tensors of the ``*.safetensors`` files directly in ``folder`` (HF single or sharded).
 
-    Raises CheckpointError when there is none.
+    Raises CheckpointError when there is none, or a file cannot be read (naming it).
     """
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder} holds no .safetensors file")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(load_file(f))
+        try:
+            out.update(load_file(f))
+        except (OSError, SafetensorError) as e:  # e.g. a truncated file: "incomplete metadata"
+            raise CheckpointError(f"cannot read {f}: {io_error_text(e)}") from e
     return out
 
 

@@ -35,6 +35,7 @@ from hybridflow.algorithms.kl import (
 )
 from hybridflow.algorithms.logits import entropy_from_logits, log_probs_from_logits
 from hybridflow.algorithms.registry import (
+    advantage_estimator_min_samples,
     advantage_estimator_names,
     get_advantage_estimator,
     get_policy_loss,
@@ -58,6 +59,7 @@ def __getattr__(name: str):
 __all__ = [
     "register_advantage_estimator",
     "get_advantage_estimator",
+    "advantage_estimator_min_samples",
     "advantage_estimator_names",
     "register_policy_loss",
     "get_policy_loss",

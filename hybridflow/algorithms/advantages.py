@@ -64,7 +64,7 @@ def _group_baseline(scores: Tensor, ids: Tensor, n_groups: int) -> tuple[Tensor,
     return count, torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo", min_samples_per_prompt=2)
 def grpo(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -94,7 +94,7 @@ def grpo(
     return _spread(adv, mask)
 
 
-@register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo", min_samples_per_prompt=2)
 def rloo(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -119,7 +119,7 @@ def rloo(
     return _spread(scale[ids] * (scores - mean[ids]), mask)
 
 
-@register_advantage_estimator("reinforce_plus_plus_baseline")
+@register_advantage_estimator("reinforce_plus_plus_baseline", min_samples_per_prompt=2)
 def reinforce_plus_plus_baseline(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -144,7 +144,7 @@ def reinforce_plus_plus_baseline(
     return adv, adv.clone()
 
 
-@register_advantage_estimator("opo")
+@register_advantage_estimator("opo", min_samples_per_prompt=2)
 def opo(
     token_level_rewards: Tensor,
     response_mask: Tensor,

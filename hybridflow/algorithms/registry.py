@@ -14,6 +14,7 @@ F = TypeVar("F", bound=Callable)
 
 _ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
 _POLICY_LOSSES: dict[str, Callable] = {}
+_MIN_SAMPLES_PER_PROMPT: dict[str, int] = {}  # estimators whose baseline is the prompt's group
 
 
 def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[F], F]:
@@ -33,9 +34,27 @@ def _get(table: dict[str, Callable], kind: str, name: str) -> Callable:
         raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}") from None
 
 
-def register_advantage_estimator(name: str) -> Callable[[F], F]:
-    """Decorator: make ``fn`` selectable as ``algorithm.adv_estimator=name``."""
-    return _register(_ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+def register_advantage_estimator(name: str, *, min_samples_per_prompt: int = 1) -> Callable[[F], F]:
+    """Decorator: make ``fn`` selectable as ``algorithm.adv_estimator=name``.
+
+    min_samples_per_prompt: the smallest ``rollout.samples_per_prompt`` the estimator is
+    meaningful with (2 for group baselines: GRPO, RLOO, ...; with one sample per prompt the
+    group is the sample itself and the baseline degenerates). Preflight refuses fewer.
+    """
+    register = _register(_ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+
+    def deco(fn: F) -> F:
+        register(fn)  # raises for a taken name before anything is recorded
+        if min_samples_per_prompt > 1:
+            _MIN_SAMPLES_PER_PROMPT[name] = min_samples_per_prompt
+        return fn
+
+    return deco
+
+
+def advantage_estimator_min_samples(name: str) -> int:
+    """``min_samples_per_prompt`` the estimator was registered with (1 for unknown names)."""
+    return _MIN_SAMPLES_PER_PROMPT.get(name, 1)
 
 
 def get_advantage_estimator(name: str) -> Callable:

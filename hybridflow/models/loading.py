@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from hybridflow.config import ModelConfig
 from hybridflow.models.gguf import materialize_gguf
 from hybridflow.models.resolve import ResolvedModel, resolve_model_path
-from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
+from hybridflow.models.tiny import TINY_MAX_POSITIONS, build_tiny_model, build_tiny_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tokens that end a turn in common chat formats; each is a stop when the vocabulary has it.
@@ -79,6 +79,25 @@ def tokenizer_stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if not ids:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no EOS / end-of-turn token")
     return ids
+
+
+def context_length(model_cfg: ModelConfig) -> int | None:
+    """The policy's context in tokens (``max_position_embeddings``, or ``n_positions`` /
+    ``max_sequence_length`` / ``seq_length`` for architectures that name it so) from its
+    config alone, no weights; None when the config does not say. "tiny": 512. GGUF: the cached
+    HF copy's config (:func:`hf_folder`, which the tokenizer already needs)."""
+    resolved = resolve_model_path(model_cfg.path)
+    if resolved.kind == "tiny":
+        return TINY_MAX_POSITIONS
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(hf_folder(resolved))
+    config = getattr(config, "text_config", None) or config  # multimodal wrappers
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def load_causal_lm(model_cfg: ModelConfig, *, device: str | torch.device = "cpu", seed: int = 0) -> PreTrainedModel:

@@ -18,6 +18,7 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 UNK = "<unk>"
 SPECIAL_TOKENS = (UNK, IM_START, IM_END)
+TINY_MAX_POSITIONS = 512  # the tiny models' context (max_position_embeddings)
 # ChatML without a default system prompt.
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -82,7 +83,7 @@ def _tiny_llama_config(vocab_size: int, hidden_size: int, layers: int, **extra: 
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=TINY_MAX_POSITIONS,
         dtype="float32",
         **extra,
     )

@@ -9,7 +9,9 @@ One reference run R (uninterrupted, in-process) is compared with:
 - D: the same config run by ``hybridflow train`` in a subprocess (its own process group), SIGKILLed
   during iteration 4 once rollout and reward are done, then ``hybridflow train --resume RUN_DIR``.
   D's first process also shows determinism: an independent uninterrupted run (another process)
-  that must match R bit for bit up to its last checkpoint;
+  that must match R bit for bit up to its last checkpoint; while it runs, a second start with the
+  same ``trainer.run_id`` and a ``--resume`` of its folder are refused (one run per folder), and
+  the resume after the SIGKILL takes the dead driver's stale lock over;
 - F (other config): reward code that raises / returns NaN / hangs / crashes its process, and a
   policy loss that is NaN on chosen updates, until ``trainer.max_bad_updates`` stops the run.
 
@@ -261,14 +263,25 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
     cfg_args = overrides(runs, data, "driver-death", **{"placement.ray_address": address})
     run_dir = runs / "driver-death"
     first = _cli(cfg_args, tmp_path / "first.log")
+    second: list[subprocess.Popen] = []
     try:
         deadline = time.monotonic() + 1200
         while (ITERATIONS, "advantage") not in executions(run_dir):  # rollout and reward are done
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "iteration 4 never reached advantage"
+            if not second and (run_dir / "run.json").exists():  # the run is live: two more starts on its folder
+                second = [_cli(cfg_args, tmp_path / "second.log"), _cli(["--resume", str(run_dir)], tmp_path / "again.log")]
             time.sleep(0.05)
+        assert second and all(p.poll() is not None for p in second), "the refused starts outlived the run"
     finally:
         _kill_group(first)
+        for p in second:
+            _kill_group(p)
+    # one run owns its folder: both were refused in one line, before starting any server
+    for p, log in zip(second, ("second.log", "again.log"), strict=True):
+        out = (tmp_path / log).read_text().strip()
+        assert p.returncode == 2 and "Traceback" not in out and len(out.splitlines()) == 1, out
+        assert f"is in use by another hybridflow run (pid {first.pid} on host" in out
     killed_at = time.time()
     assert first.returncode == -signal.SIGKILL
     # determinism: the killed process ran iterations 1-3 uninterrupted, in another process than R

@@ -1,0 +1,145 @@
+"""The run folder's Prefect result records are read as JSON of one known shape, never unpickled.
+
+A node's cached result lives in ``<run_dir>/prefect-results/<cache key>`` as a Prefect result
+record::
+
+    {"metadata": {"serializer": {"type": "json", ...}, "storage_key": ..., ...},
+     "result": "{\"node\": \"reward\", \"ref\": {...BatchRef...} | null, \"metrics\": {...}}"}
+
+Prefect deserializes a record with the serializer *the file names* (``pickle`` runs code; its
+JSON serializer imports any class a ``"__class__"`` key names), and it does so even to check
+that a cached result exists. So hybridflow reads each record first, with plain ``json.loads``,
+and accepts only: the JSON serializer with Prefect's own decoder and no extra options, and a
+result that is a node result (``node``: str, ``ref``: a BatchRef dict or null, ``metrics``:
+name → number) with no ``__class__`` / ``__exc_type__`` key anywhere. Anything else is a
+:class:`ResultRecordError` naming the file:
+
+- :func:`check_result_records` — every record, when a run is resumed (before any server starts);
+- :func:`guard_cached_record` — the record a node is about to look up, from its cache-key
+  function (``tasks.common.node_cache_key``), i.e. before Prefect reads it: a bad record is set
+  aside as ``<key>.refused`` with one warning line and the node runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+REFUSED_SUFFIX = ".refused"
+_SERIALIZER = {"type": "json", "jsonlib": "json",
+               "object_encoder": "prefect.serializers.prefect_json_object_encoder",
+               "object_decoder": "prefect.serializers.prefect_json_object_decoder",
+               "dumps_kwargs": {}, "loads_kwargs": {}}
+_METADATA_KEYS = {"storage_key", "expiration", "serializer", "prefect_version", "storage_block_id"}
+_REF_FIELDS = {"run_id": str, "iteration": int, "node": str, "uri": str, "rows": int, "keys": list, "checksum": str}
+_CODE_KEYS = ("__class__", "__exc_type__")  # what Prefect's JSON decoder turns into imports
+
+
+class ResultRecordError(ValueError):
+    """A Prefect result record in a run folder is not a JSON node result (names the file)."""
+
+
+def _refuse(path: Path, why: str) -> ResultRecordError:
+    return ResultRecordError(f"refusing Prefect result record {path}: {why}; it is never loaded "
+                             "(delete it to let that node run again)")
+
+
+def _no_code_keys(value: Any) -> bool:
+    if isinstance(value, dict):
+        return not any(k in value for k in _CODE_KEYS) and all(_no_code_keys(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_no_code_keys(v) for v in value)
+    return True
+
+
+def _shape_problem(result: Any) -> str | None:
+    if not isinstance(result, dict) or not isinstance(result.get("node"), str):
+        return "the result is not a node result ({'node': str, 'ref': ..., 'metrics': ...})"
+    metrics = result.get("metrics")
+    if not isinstance(metrics, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) for k, v in metrics.items()):
+        return "its 'metrics' is not a mapping of names to numbers"
+    ref = result.get("ref", "missing")
+    if ref is not None and not (isinstance(ref, dict) and set(ref) == set(_REF_FIELDS)
+                                and all(isinstance(ref[k], t) for k, t in _REF_FIELDS.items())
+                                and all(isinstance(k, str) for k in ref["keys"])):
+        return "its 'ref' is neither null nor a batch reference"
+    if not _no_code_keys(result):
+        return "the result names a Python class to import ('__class__' / '__exc_type__')"
+    return None
+
+
+def check_result_record(path: str | os.PathLike) -> dict[str, Any]:
+    """The node result stored in the record at ``path``, read with plain ``json.loads``.
+    Raises ResultRecordError (naming the file and what is wrong) for anything else."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise _refuse(path, f"not a JSON record ({type(e).__name__})") from None
+    if not isinstance(record, dict) or set(record) != {"metadata", "result"} or not isinstance(record["metadata"], dict):
+        raise _refuse(path, "not a Prefect result record of the expected shape")
+    meta = record["metadata"]
+    serializer = meta.get("serializer")
+    kind = serializer.get("type") if isinstance(serializer, dict) else None
+    if kind != "json":
+        raise _refuse(path, f"it names the {kind!r} serializer; only JSON is accepted")
+    if serializer != {**_SERIALIZER, **{k: serializer[k] for k in ("object_encoder", "dumps_kwargs") if k in serializer}}:
+        raise _refuse(path, "its JSON serializer is not Prefect's plain one (custom jsonlib, decoder or options)")
+    if not set(meta) <= _METADATA_KEYS or not isinstance(record["result"], str):
+        raise _refuse(path, "unexpected metadata fields or a non-text result")
+    try:
+        result = json.loads(record["result"])
+    except ValueError:
+        raise _refuse(path, "its result is not JSON") from None
+    problem = _shape_problem(result)
+    if problem:
+        raise _refuse(path, problem)
+    return result
+
+
+def check_result_records(run_dir: str | os.PathLike) -> int:
+    """Check every record under ``<run_dir>/prefect-results`` (set-aside ``*.refused`` files are
+    skipped: nothing reads them). Returns how many were checked; raises ResultRecordError."""
+    folder = Path(run_dir) / "prefect-results"
+    if not folder.is_dir():
+        return 0
+    records = sorted(p for p in folder.rglob("*") if p.is_file() and REFUSED_SUFFIX not in p.name)
+    for path in records:
+        check_result_record(path)
+    return len(records)
+
+
+def guard_cached_record(path: str | os.PathLike) -> None:
+    """Before Prefect looks up the record at ``path``: if it exists and is not a JSON node
+    result, move it aside (``<name>.refused-<time>``) and log one warning line naming it, so
+    Prefect finds no record and the node runs again. Raises ResultRecordError only when it cannot
+    be moved (from the cache-key function, that makes Prefect run the node without its cache)."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        check_result_record(path)
+        return
+    except ResultRecordError as e:
+        message = str(e)
+    aside = path.with_name(f"{path.name}{REFUSED_SUFFIX}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        os.replace(path, aside)
+    except OSError as err:  # raising from the cache-key function makes Prefect skip the cache entirely
+        raise ResultRecordError(f"{message}; could not move it aside ({err.strerror})") from None
+    message += f"; moved to {aside.name}, the node runs again"
+    try:
+        from prefect import get_run_logger
+
+        get_run_logger().warning(message)
+    except Exception:  # noqa: BLE001 - outside a task run
+        import sys
+
+        print(message, file=sys.stderr)
+
+
+__all__ = ["ResultRecordError", "check_result_record", "check_result_records", "guard_cached_record"]

@@ -1,0 +1,138 @@
+"""Checkpoint manifests: what a step folder held when it was committed, and checking it still does.
+
+``commit_save`` writes ``manifest.json`` into the staging folder last, after every worker's
+files and ``trainer_state.json``, just before the folder is renamed into place::
+
+    {"format": 1, "files": {"policy/model.safetensors": {"bytes": 123, "sha256": "..."}, ...}}
+
+:func:`verify_checkpoint` compares a step folder with its manifest (sizes first, then sha256)
+and raises :class:`CheckpointDamagedError` naming the first file that differs, is missing or was
+added. :func:`choose_resume_checkpoint` is what a resume loads: the step ``latest`` names if it
+verifies; otherwise (``fallback``) the newest older step that does — the damaged steps are
+renamed ``step_<N>.damaged`` (kept, never loaded) and ``latest`` is pointed at the intact one —
+or (no fallback) a CheckpointError. A committed step without a manifest (written before
+manifests existed) cannot be verified and counts as damaged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from workers.checkpoint import LATEST, STEP_PREFIX, CheckpointError, _fsync_write, _is_complete, load_latest
+
+MANIFEST = "manifest.json"
+DAMAGED_SUFFIX = ".damaged"
+
+
+class CheckpointDamagedError(CheckpointError):
+    """A step folder does not match its manifest (names the folder, the file and how)."""
+
+
+def _sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(folder: str | os.PathLike) -> dict:
+    """Hash every file under ``folder`` and write ``folder/manifest.json`` (fsynced). Returns it."""
+    folder = Path(folder)
+    manifest = {"format": 1, "files": {rel: {"bytes": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)}
+                                       for rel in _files(folder)}}
+    _fsync_write(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return manifest
+
+
+def verify_checkpoint(step_dir: str | os.PathLike, *, hashes: bool = True) -> None:
+    """Raise CheckpointDamagedError unless ``step_dir`` holds exactly the files of its manifest,
+    with the recorded sizes and (``hashes``) sha256. Cost: one read of the checkpoint."""
+    folder = Path(step_dir)
+    try:
+        listed = json.loads((folder / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        raise CheckpointDamagedError(f"checkpoint {folder} has no {MANIFEST} (incomplete, or written before "
+                                     "checkpoints carried manifests): it cannot be verified") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointDamagedError(f"checkpoint {folder}: {MANIFEST} is unreadable ({e})") from None
+    present = set(_files(folder))
+    for rel in sorted(present - set(listed)):
+        raise CheckpointDamagedError(f"checkpoint {folder} is damaged: {rel} is not in its manifest")
+    for rel, want in sorted(listed.items()):
+        path = folder / rel
+        if rel not in present:
+            raise CheckpointDamagedError(f"checkpoint {folder} is damaged: {rel} is missing")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise CheckpointDamagedError(
+                f"checkpoint {folder} is damaged: {rel} is {size} bytes, its manifest says {want['bytes']}")
+    if hashes:
+        for rel, want in sorted(listed.items()):
+            if _sha256(folder / rel) != want["sha256"]:
+                raise CheckpointDamagedError(f"checkpoint {folder} is damaged: {rel} does not match its "
+                                             "sha256 in the manifest")
+
+
+def _older_steps(root: Path, than: Path) -> list[Path]:
+    steps = [p for p in root.iterdir() if p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX):].isdigit()
+             and _is_complete(p) and p.name < than.name]
+    return sorted(steps, reverse=True)
+
+
+def _set_aside(step: Path) -> Path:
+    target, n = step.with_name(step.name + DAMAGED_SUFFIX), 1
+    while target.exists():
+        n += 1
+        target = step.with_name(f"{step.name}{DAMAGED_SUFFIX}{n}")
+    os.replace(step, target)
+    return target
+
+
+def choose_resume_checkpoint(ckpt_root: str | os.PathLike, *, fallback: bool,
+                             warn: Callable[[str], None]) -> str | None:
+    """The checkpoint a resume loads (None: there is none), verified.
+
+    The step ``latest`` names (see :func:`~workers.checkpoint.load_latest`) when it verifies.
+    Damaged and ``fallback``: the newest older step that verifies; the damaged steps newer than
+    it are renamed ``step_<N>.damaged``, ``latest`` is pointed at it, and ``warn`` gets one line
+    saying what was damaged and where the run resumes from. Damaged without ``fallback``, or no
+    intact step at all: CheckpointError (one line, naming the damage).
+    """
+    root = Path(ckpt_root)
+    latest = load_latest(root)
+    if latest is None:
+        return None
+    try:
+        verify_checkpoint(latest)
+        return latest
+    except CheckpointDamagedError as e:
+        damage = str(e)
+    if not fallback:
+        raise CheckpointError(f"{damage}; not resuming from an older checkpoint (trainer.resume_fallback=false)")
+    newer = [Path(latest)]
+    for step in _older_steps(root, Path(latest)):
+        try:
+            verify_checkpoint(step)
+        except CheckpointDamagedError:
+            newer.append(step)
+            continue
+        kept = [_set_aside(p) for p in newer]
+        tmp = root / f"{LATEST}.tmp"
+        _fsync_write(tmp, step.name.encode())
+        os.replace(tmp, root / LATEST)
+        warn(f"warning: {damage}; resuming from the newest intact checkpoint {step.name} "
+             f"(the damaged one is kept as {kept[0].name})")
+        return str(step)
+    raise CheckpointError(f"{damage}; there is no older intact checkpoint to resume from")
+
+
+__all__ = ["MANIFEST", "CheckpointDamagedError", "write_manifest", "verify_checkpoint", "choose_resume_checkpoint"]
