@@ -186,6 +186,17 @@ def stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _terminate)
 
 
+def check_placement(cfg) -> None:
+    """Start (or join) Ray and check every pool can ever be placed on the cluster before the flow
+    starts, so a request no node set can hold is one line (PoolResourceError, exit 2), not a wait."""
+    from flows.runtime import ensure_ray
+    from workers.placement import check_pool_fits_cluster
+
+    ensure_ray(cfg)
+    for name, pool_cfg in cfg.placement.pools.items():
+        check_pool_fits_cluster(name, pool_cfg)
+
+
 def run(args: argparse.Namespace) -> int:
     stop_on_sigterm()
     cfg, resume = _load(args)
@@ -208,6 +219,7 @@ def _train_with_servers(args: argparse.Namespace, cfg, resume: str | None) -> in
     home = args.prefect_home or str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
     server = ensure_prefect_api(home)
     try:
+        check_placement(cfg)
         from flows.train import train
 
         summary = train(config=cfg.model_dump(mode="json"), config_path=args.config, resume=resume)

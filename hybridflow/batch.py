@@ -248,15 +248,17 @@ class Batch:
             total += 1
         return total.tolist()
 
-    def split_indices_by_groups(self, k: int) -> list[list[int]]:
+    def split_indices_by_groups(self, k: int, *, allow_empty: bool = False) -> list[list[int]]:
         """Row indices of k parts that never split a ``uid`` group, balancing token counts.
 
         Parts get equal group counts (±1, so data-parallel ranks stay in step), then groups go
         greedily, largest first, to the lightest part (LPT). Rows of a part keep their original
-        order. Raises BatchError if there are fewer groups than parts.
+        order. With fewer groups than parts, the last ``k - groups`` parts are empty when
+        ``allow_empty`` (the caller pads them, see :func:`padding_stand_in`), else BatchError.
+        A batch without rows or groups always raises BatchError.
         """
         groups = self.groups()
-        if k < 1 or len(groups) < k:
+        if k < 1 or not groups or (len(groups) < k and not allow_empty):
             raise BatchError(f"split_by_groups: {len(groups)} groups cannot fill {k} parts")
         tokens = self.token_counts()
         weights = [sum(tokens[i] for i in g) for g in groups]
@@ -370,6 +372,28 @@ class Batch:
         return buf.getvalue()
 
 
+PADDING_META_KEY = "dp_padding"
+
+
+def padding_stand_in(batch: Batch, rows: Sequence[int]) -> Batch:
+    """A copy of ``batch``'s ``rows`` marked as data-parallel padding (``meta["dp_padding"]``).
+
+    A rank whose share of a batch is empty (fewer ``uid`` groups than ranks) gets a stand-in
+    instead of nothing, so it runs the same forward/backward passes and collectives as the
+    others (what verl's ``pad_dataproto_to_divisor`` pads for). Workers give a stand-in zero
+    weight — no loss, gradient, row count or metric comes from it (:func:`is_padding`) — and
+    the dispatcher drops what it returns.
+    """
+    out = batch.index(rows)
+    out.meta[PADDING_META_KEY] = True
+    return out
+
+
+def is_padding(batch: Batch) -> bool:
+    """True for a stand-in made by :func:`padding_stand_in` (every row is padding)."""
+    return bool(batch.meta.get(PADDING_META_KEY, False))
+
+
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous tensors with no shared storage (safetensors refuses aliases, e.g. rewards that
     are the scores when no KL is applied)."""
@@ -400,4 +424,5 @@ def _cat_padded(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(out, 0)
 
 
-__all__ = ["Batch", "BatchRef", "BatchError", "KEY_DTYPES", "RESPONSE_KEYS"]
+__all__ = ["Batch", "BatchRef", "BatchError", "KEY_DTYPES", "RESPONSE_KEYS", "PADDING_META_KEY", "is_padding",
+           "padding_stand_in"]

@@ -299,6 +299,14 @@ class PoolConfig(_Section):
         "PACK", description="Ray placement-group strategy."
     )
 
+    # ---- resources Ray accepts (issue 19) ----
+    @model_validator(mode="after")
+    def _check_resources(self) -> PoolConfig:
+        if self.cpus_per_worker == 0 and self.gpus_per_worker == 0:
+            raise ValueError("cpus_per_worker and gpus_per_worker are both 0, and Ray refuses a placement-group "
+                             "bundle with only 0 resources; reserve some, e.g. cpus_per_worker: 0.25")
+        return self
+
 
 def _default_pools() -> dict[str, PoolConfig]:
     return {

@@ -8,8 +8,12 @@ Built-in:
 - ``broadcast``: every rank gets the same arguments; result = list of per-rank results.
 - ``dp_scatter``: the first positional argument (a :class:`Batch`) is split into
   ``world_size`` parts by whole ``uid`` groups, balanced by tokens; a Batch result is
-  concatenated back in the original row order, a dict result (metrics, already reduced
-  across ranks by the worker) is taken from rank 0.
+  concatenated back in the original row order (by groups in their original order when a rank
+  returns a different number of rows than it got, e.g. n samples per prompt), a dict result (metrics, already reduced
+  across ranks by the worker) is taken from rank 0. With fewer groups than ranks, each idle
+  rank gets a padding stand-in (:func:`hybridflow.batch.padding_stand_in`: a copy of the
+  lightest group, which the worker gives zero weight) so collectives stay in step; its result
+  is dropped.
 - ``gather``: every rank gets the same arguments; result = list of per-rank results
   (alias of broadcast with the intent of collecting data).
 - ``rank_zero``: only rank 0 is called; result = its result.
@@ -17,11 +21,11 @@ Built-in:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.batch import Batch
+from hybridflow.batch import Batch, BatchError, padding_stand_in
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -81,29 +85,62 @@ def _as_list(results: list[Any], _info: Any) -> list[Any]:
     return results
 
 
+@dataclass(frozen=True)
+class _DpSplit:
+    """How a dp_scatter call was split: ``order`` = original row of each joined real row;
+    ``group_order`` = the input's uids in order of first appearance; ``padded`` = ranks that got
+    a padding stand-in (their results are dropped)."""
+
+    order: list[int]
+    group_order: list[Any]
+    padded: frozenset[int]
+
+
 def _dp_split(args: tuple, kwargs: dict, world: int) -> tuple[list[Call | None], Any]:
     batch = args[0]
     if not isinstance(batch, Batch):
         raise TypeError(f"dp_scatter needs a Batch as first argument, got {type(batch).__name__}")
     if world == 1:
         return [(args, kwargs)], None
-    index_parts = batch.split_indices_by_groups(world)
-    parts = [batch.index(idx) for idx in index_parts]
-    order = [i for idx in index_parts for i in idx]  # original row of each joined row
-    return [((p, *args[1:]), kwargs) for p in parts], order
+    index_parts = batch.split_indices_by_groups(world, allow_empty=True)
+    parts = [batch.index(idx) for idx in index_parts if idx]
+    if len(parts) < world:  # fewer groups than ranks: idle ranks compute on a copy of the lightest group
+        tokens = batch.token_counts()
+        lightest = min((p for p in index_parts if p), key=lambda p: sum(tokens[i] for i in p))
+        parts += [padding_stand_in(batch, lightest) for _ in range(world - len(parts))]
+    order = [i for idx in index_parts for i in idx]
+    padded = frozenset(r for r, idx in enumerate(index_parts) if not idx)
+    group_order = list(dict.fromkeys(batch["uid"]))
+    return [((p, *args[1:]), kwargs) for p in parts], _DpSplit(order, group_order, padded)
 
 
-def _dp_join(results: list[Any], order: Sequence[int] | None) -> Any:
+def _dp_join(results: list[Any], info: _DpSplit | None) -> Any:
+    if info is not None:
+        results = [r for rank, r in enumerate(results) if rank not in info.padded]
     first = results[0]
     if isinstance(first, Batch):
         joined = Batch.concat(results) if len(results) > 1 else first
-        if order is None:
+        if info is None:
             return joined
-        inverse = [0] * len(order)
-        for new_pos, old_pos in enumerate(order):
+        if len(joined) != len(info.order):  # rows per group changed (generate: n samples per prompt)
+            return joined.index(_group_major(joined, info.group_order))
+        inverse = [0] * len(info.order)
+        for new_pos, old_pos in enumerate(info.order):
             inverse[old_pos] = new_pos
         return joined.index(inverse)
-    return first  # metrics dicts are all-reduced by the workers; rank 0 speaks for the pool
+    return first  # metrics dicts are all-reduced by the workers; rank 0 (never padding) speaks for the pool
+
+
+def _group_major(joined: Batch, group_order: list[Any]) -> list[int]:
+    """Rows of ``joined`` ordered by the input's group order (rows of a group in their order)."""
+    rows: dict[Any, list[int]] = {}
+    for i, u in enumerate(joined["uid"]):
+        rows.setdefault(u, []).append(i)
+    idx = [i for u in group_order for i in rows.get(u, [])]
+    if len(idx) != len(joined):
+        raise BatchError(f"dp_scatter: results hold uids that were not in the input ({len(joined)} rows, "
+                         f"{len(idx)} matched)")
+    return idx
 
 
 def _rank_zero_split(args: tuple, kwargs: dict, world: int) -> tuple[list[Call | None], Any]:

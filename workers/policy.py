@@ -15,6 +15,7 @@ logits / ``rollout.temperature`` as the rollout reports them.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from hybridflow.algorithms import (
     masked_sum,
     position_ids_from_mask,
 )
-from hybridflow.batch import Batch, BatchError
+from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
 from workers import checkpoint as C
 from workers import distributed as D
@@ -225,15 +226,16 @@ class PolicyWorker:
         rows.set("finish_reason", list(out.finish_reason))
         rows.set("response_length", lengths.tolist())
         rows.meta["weights_version"] = self.versions.weights_version
-        rows.meta["metrics"] = self._generation_metrics(lengths, out.finish_reason, time.perf_counter() - start)
+        n = 0 if is_padding(batch) else len(rows)  # a padding stand-in counts for nothing
+        rows.meta["metrics"] = self._generation_metrics(lengths[:n], out.finish_reason[:n], time.perf_counter() - start)
         return rows
 
     def _generation_metrics(self, lengths: Tensor, finish: list[str], seconds: float) -> dict[str, float]:
         n_len = sum(r == "length" for r in finish)
         sums = D.all_reduce_sum(torch.tensor([float(lengths.sum()), float(len(lengths)), float(n_len)],
                                              dtype=torch.float64))
-        maxes = D.all_reduce_max(torch.tensor([float(lengths.max()), -float(lengths.min()), seconds],
-                                              dtype=torch.float64))
+        hi, neg_lo = (float(lengths.max()), -float(lengths.min())) if len(lengths) else (-math.inf, -math.inf)
+        maxes = D.all_reduce_max(torch.tensor([hi, neg_lo, seconds], dtype=torch.float64))
         rows = max(float(sums[1]), 1.0)
         return {
             "timing_s/gen": float(maxes[2]),
@@ -262,6 +264,8 @@ class PolicyWorker:
         old = torch.cat([p[0] for p in parts]).masked_fill(~mask, 0.0)
         out.set("old_log_probs", old)
         entropy = torch.cat([p[1] for p in parts])
+        if is_padding(batch):  # a padding stand-in adds nothing to the metrics (the reductions still run)
+            mask = torch.zeros_like(mask)
         tot = D.all_reduce_sum(torch.tensor([float(masked_sum(entropy, mask)), float(mask.sum())],
                                             dtype=torch.float64)).tolist()
         metrics = {"actor/entropy": tot[0] / max(tot[1], 1.0)}
@@ -297,6 +301,7 @@ class PolicyWorker:
         measure_gap = self.cfg.old_log_probs_from_rollout and "rollout_log_probs" in batch
         self._gap = LogprobGap() if measure_gap else None
         self._gap_before_step = self.optim.steps_applied
+        self._padding = is_padding(batch)  # a stand-in's zero-weight passes are not measured
         metrics = self.optim.update(
             batch, self._micro_loss,
             mini_batch_trajectories=a.mini_batch_trajectories, micro_batch_trajectories=a.micro_batch_trajectories,
@@ -307,7 +312,7 @@ class PolicyWorker:
             metrics["actor/kl_coef"] = a.kl_loss_coef
         if self._gap is not None:
             metrics |= self._gap.metrics()
-        tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
+        tokens = 0.0 if is_padding(batch) else float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
         metrics["perf/total_num_tokens"] = float(D.all_reduce_sum(torch.tensor([tokens], dtype=torch.float64)))
         metrics["perf/num_params"] = float(sum(p.numel() for p in D.unwrap(self.model).parameters()))
         metrics["perf/num_devices"] = float(self.world_size)
@@ -321,7 +326,7 @@ class PolicyWorker:
                                      entropy_grad=a.entropy_coef != 0)
         dev = lp.device
         mask = mb["response_mask"].to(dev)
-        if self._gap is not None and self.optim.steps_applied == self._gap_before_step:
+        if self._gap is not None and self.optim.steps_applied == self._gap_before_step and not self._padding:
             self._gap.add(lp, mb["rollout_log_probs"], mask)
         loss, m = self.policy_loss(
             lp, mb["old_log_probs"].to(dev), mb["advantages"].to(dev), mask,

@@ -31,6 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.config import ExperimentConfig, PoolConfig, config_from_dict
 from workers.dispatch import get_dispatch, protocol_of
+from workers.placement import bundle_of, check_pool_fits_cluster, describe, node_id
 
 ROLE_CLASSES = {
     "policy": "workers.policy:PolicyWorker",
@@ -136,7 +137,7 @@ class WorkerHost:
         self.restored_from = path
 
     def _record_start(self) -> None:
-        """Append ``{"event": "started", pool, rank, pid, restored_from, t}`` to the run's
+        """Append ``{"event": "started", pool, rank, pid, node_id, restored_from, t}`` to the run's
         ``pool_events.jsonl`` (beside ``checkpoints/``): one line per (re)start of a rank, so a
         run's restarts and what each restored survive the actor and the pool (a Ray restart is
         otherwise visible only to whoever held the old handle)."""
@@ -144,7 +145,7 @@ class WorkerHost:
             return
         path = pool_events_path(os.path.dirname(os.path.normpath(self.ckpt_root)))
         line = {"event": "started", "pool": self.pool_name, "rank": self.rank, "pid": os.getpid(),
-                "restored_from": self.restored_from, "t": time.time()}
+                "node_id": node_id(), "restored_from": self.restored_from, "t": time.time()}
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
@@ -156,6 +157,7 @@ class WorkerHost:
     def ping(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
+            "node_id": node_id(),
             "rank": self.rank,
             "roles": sorted(self.workers),
             "ready": self.is_ready(),
@@ -289,16 +291,13 @@ def create_pool(
     try:
         pg = get_placement_group(pg_name)
     except ValueError:
-        bundle = {"CPU": pool_cfg.cpus_per_worker}
-        if pool_cfg.gpus_per_worker:
-            bundle["GPU"] = pool_cfg.gpus_per_worker
-        pg = placement_group([bundle] * pool_cfg.workers, strategy=pool_cfg.placement_strategy, name=pg_name)
+        check_pool_fits_cluster(name, pool_cfg)  # a request no node set can hold fails now, not never
+        pg = placement_group([bundle_of(pool_cfg)] * pool_cfg.workers, strategy=pool_cfg.placement_strategy,
+                             name=pg_name)
     if not pg.wait(timeout_seconds=ready_timeout_s):
         remove_placement_group(pg)
-        raise PoolError(
-            f"pool {name!r}: placement group {pool_cfg.workers}×{{CPU: {pool_cfg.cpus_per_worker}, GPU: "
-            f"{pool_cfg.gpus_per_worker}}} cannot be placed; cluster resources: {ray.cluster_resources()}"
-        )
+        raise PoolError(f"{describe(name, pool_cfg)}: not placed within {ready_timeout_s:g}s (other pools hold "
+                        f"the resources?); cluster resources: {ray.cluster_resources()}")
     threads = pool_cfg.torch_threads or max(1, int(round(pool_cfg.cpus_per_worker)))
     host_cls = ray.remote(WorkerHost)
     cfg_dict = cfg.model_dump(mode="json")

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.batch import Batch, BatchError
+from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
 from workers import distributed as D
 from workers.dispatch import dispatch
@@ -145,9 +145,10 @@ class RewardWorker:
         for key, values in res.extra.items():
             if key not in out:
                 out.set(key, [_jsonable(v) for v in values])
-        metrics = self._metrics(items, scores, res)
+        counted = not is_padding(batch)  # a padding stand-in's rows are not counted (the gathers still run)
+        metrics = self._metrics(items, scores, res, counted)
         if rm is not None:
-            metrics.update(self._rm_metrics(rm, [float(s) for s in res.scores]))
+            metrics.update(self._rm_metrics(rm, [float(s) for s in res.scores], counted))
         out.meta["metrics"] = {**batch.meta.get("metrics", {}), **metrics}
         out.meta["logs"] = list(res.logs)
         return out
@@ -168,12 +169,12 @@ class RewardWorker:
         ids, mask = batch["prompt_ids"], batch["prompt_mask"].bool()
         return self.tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))])
 
-    def _metrics(self, items: list[Any], scores: list[float], res: Any) -> dict[str, float]:
+    def _metrics(self, items: list[Any], scores: list[float], res: Any, counted: bool = True) -> dict[str, float]:
         """Metrics of the final scores over the rows of every rank (all-gathered when the pool has several)."""
         from hybridflow.rewards.executor import reward_metrics
 
         rows = list(zip(items, scores, res.failures, _row_extras(res, len(items)), strict=True))
-        rows = _gather_rows(rows)
+        rows = _gather_rows(rows if counted else [])
         items, scores, failures, extras = (list(x) for x in zip(*rows, strict=True))
         metrics = reward_metrics(items, scores, failures, extras)
         metrics["critic/score/mean"] = sum(scores) / len(scores)
@@ -184,10 +185,10 @@ class RewardWorker:
             metrics[f"critic/score/{source}/mean"] = sum(vals) / len(vals)
         return _finite(metrics)
 
-    def _rm_metrics(self, rm: Any, rule_scores: list[float]) -> dict[str, float]:
+    def _rm_metrics(self, rm: Any, rule_scores: list[float], counted: bool = True) -> dict[str, float]:
         """reward/rm_score/{mean,max,min} (raw logits), reward/rm_truncated (count of rows cut to
         max_length) and, in 'add' mode, reward/rule_score/mean — over every rank's rows."""
-        rows = _gather_rows(list(zip(rm.scores, rm.truncated, rule_scores, strict=True)))
+        rows = _gather_rows(list(zip(rm.scores, rm.truncated, rule_scores, strict=True)) if counted else [])
         rm_scores = [r[0] for r in rows]
         metrics = {
             "reward/rm_score/mean": sum(rm_scores) / len(rm_scores),

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from hybridflow.algorithms.aggregation import MicroBatch, accumulation_plan
-from hybridflow.batch import Batch
+from hybridflow.batch import Batch, is_padding
 from workers import distributed as D
 from workers.shared_prefix import prompt_groups
 
@@ -154,19 +154,22 @@ class Optimization:
         """Run ``epochs`` × mini-batch steps over this rank's ``batch``; returns metrics reduced
         over ranks (``<prefix>/...``). ``shuffle_seed``: permute rows each epoch (None = keep order).
 
-        Every rank must call it (collective). Raises ValueError on an empty batch.
+        Every rank must call it (collective). A padding stand-in (:func:`hybridflow.batch.is_padding`,
+        a rank with no rows of its own) trains on no rows: it only runs the zero-weighted passes
+        that keep collectives in step. Raises ValueError on an empty batch.
         """
         if len(batch) == 0:
             raise ValueError(f"{self.prefix}: update on an empty batch")
         start = time.perf_counter()
-        global_rows = int(D.all_reduce_sum(torch.tensor([len(batch)], dtype=torch.float64)).item())
+        own_rows = 0 if is_padding(batch) else len(batch)
+        global_rows = int(D.all_reduce_sum(torch.tensor([own_rows], dtype=torch.float64)).item())
         n_mini = max(1, math.ceil(global_rows / mini_batch_trajectories))
         tally, terms, steps, bad, norms = _Tally(), _Tally(), 0, 0, []
         for epoch in range(epochs):
-            order = torch.arange(len(batch))
+            order = torch.arange(own_rows)
             if shuffle_seed is not None:
                 gen = torch.Generator().manual_seed(shuffle_seed * 1000 + epoch)
-                order = torch.randperm(len(batch), generator=gen)
+                order = torch.randperm(own_rows, generator=gen)
             for rows in order.tensor_split(n_mini):
                 ok, norm = self._step(batch, rows, loss_fn, micro_batch_trajectories, loss_agg_mode,
                                       max_response_tokens, tally, terms)
@@ -232,6 +235,9 @@ class Optimization:
                     dummy = batch.index([0])
                     res = loss_fn(self.model, dummy, MicroBatch(slice(0, 1), loss_agg_mode, 1.0, max_response_tokens))
                     (res.loss * 0.0).backward()
+                    # zero weight, but the same metric keys on every rank (the reductions need them)
+                    tally.add(res.averages, weight=0.0)
+                    terms.add(dict.fromkeys(res.loss_terms, 0.0))
         all_finite = D.all_reduce_max(torch.tensor([0.0 if finite else 1.0])).item() == 0.0
         norm = D.clip_grad_norm(self.params, self.settings.max_grad_norm)
         if not (all_finite and math.isfinite(norm)):
@@ -354,6 +360,8 @@ def by_length(batch: Batch, rows: Tensor, *, group_by_prompt: bool = False) -> T
     the given order, so consecutive micro-batches hold similar lengths and trim well.
     group_by_prompt: rows of one prompt stay together (groups in order of first appearance),
     by length within the group."""
+    if len(rows) == 0:
+        return rows
     counts = torch.as_tensor(batch.token_counts())[rows]
     key = counts
     if group_by_prompt and "prompt_ids" in batch:

@@ -40,6 +40,11 @@ def test_two_rank_pool_equals_one_rank_pool(ray_cluster, tmp_path):
         m1 = one.call("policy", "update_policy", batch, expected_version=0, batch_id="b0")
         one.call("policy", "save_checkpoint", str(tmp_path / "one"))
         assert one.call("policy", "get_weights_version") == [1]
+        # one prompt (1 group) next: fewer groups than the 2-rank pool has ranks
+        small = with_advantages(one.call("policy", "compute_log_probs", one.call(
+            "policy", "generate_sequences", prompt_batch(load_tokenizer(cfg.model), ("7*6=",)), seed=4)))
+        s1 = one.call("policy", "update_policy", small, expected_version=1, batch_id="b1")
+        one.call("policy", "save_checkpoint", str(tmp_path / "one_small"))
     finally:
         destroy_pool(one)
 
@@ -51,6 +56,11 @@ def test_two_rank_pool_equals_one_rank_pool(ray_cluster, tmp_path):
         assert two.call("policy", "get_weights_version") == [1, 1]
         again = two.call("policy", "update_policy", batch, expected_version=0, batch_id="b0")
         assert again == m2  # exactly-once: the repeat returns the recorded metrics
+        # 1 group on 2 ranks: rank 1 gets a zero-weight stand-in; results hold the real rows only
+        gen = two.call("policy", "generate_sequences", prompt_batch(load_tokenizer(cfg.model), ("7*6=",)), seed=4)
+        assert gen["uid"] == ["p0", "p0"] and len(two.call("policy", "compute_log_probs", gen)) == 2
+        s2 = two.call("policy", "update_policy", small, expected_version=1, batch_id="b1")
+        two.call("policy", "save_checkpoint", str(tmp_path / "two_small"))
     finally:
         destroy_pool(two)
     w1 = read_safetensors_folder(tmp_path / "one" / "policy")
@@ -59,3 +69,8 @@ def test_two_rank_pool_equals_one_rank_pool(ray_cluster, tmp_path):
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5)
     assert m2["actor/pg_loss"] == pytest.approx(m1["actor/pg_loss"], rel=1e-4, abs=1e-6)
+    w1, w2 = (read_safetensors_folder(tmp_path / f"{n}_small" / "policy") for n in ("one", "two"))
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5)
+    for key in ("actor/pg_loss", "actor/optimizer_steps", "perf/total_num_tokens"):
+        assert s2[key] == pytest.approx(s1[key], rel=1e-4, abs=1e-6), key
