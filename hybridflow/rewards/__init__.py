@@ -1,4 +1,6 @@
-"""Rewards: rule rewards selected by ``data_source`` (gsm8k, math, countdown, arith), the
+"""Rewards: rule rewards selected by ``data_source`` — every source verl's
+``default_compute_score`` routes (gsm8k, the MATH family, math_dapo/aime*, numina_*, code
+contests, geometry3k, Search-R1) plus arith and countdown, each judged on the final answer — the
 format reward, custom reward functions (verl / TRL signatures), a crash-proof process-pool
 executor, and a sandbox for running model-written code.
 

@@ -177,12 +177,13 @@ def _matrix_equal(pred: str, ref: str, tolerance: float) -> bool:
         math_equal(str(a), b, tolerance) for a, b in zip(flat_pred, flat_ref, strict=True))
 
 
-_COSTLY_RES = [
-    re.compile(r"\^\s*\{[^{}]*\^"),  # a power inside an exponent: 10^{10^{10}}
-    re.compile(r"\^\s*\(?\s*[-+]?\d+\s*\)?\s*\^"),  # 9^9^9
-    re.compile(r"\*\*[^*]*\*\*"),  # 9**9**9
-    re.compile(r"\^\s*\{?\s*[-+]?\d{4,}"),  # an exponent of 1000 or more
-    re.compile(r"\d{4,}\s*!"),  # 1000! and more
+_COSTLY_RES = [  # possessive quantifiers and anchors keep every pattern linear on hostile text
+    re.compile(r"\d\s*+\^\s*+\{\s*+[-+]?\d++\s*+\^"),  # an integer power inside an exponent: 10^{10^{10}}
+    re.compile(r"\^\s*+\(?\s*+[-+]?\d++\s*+\)?\s*+\^"),  # 9^9^9
+    re.compile(r"\*\*[^*]*+\*\*"),  # 9**9**9
+    re.compile(r"\^\s*+\{?\s*+[-+]?\d{4}"),  # an exponent of 1000 or more
+    re.compile(r"(?<!\d)\d{4,}+\s*+!"),  # 1000! and more
+    re.compile(r"\d{500}"),  # a number of 500 digits or more
 ]
 _MAX_DEPTH = 30
 _LATEX_CMD_RE = re.compile(r"\\[A-Za-z]+")
@@ -190,8 +191,9 @@ _LATEX_CMD_RE = re.compile(r"\\[A-Za-z]+")
 
 def too_costly(text: str, max_chars: int | None = MAX_SYMBOLIC_CHARS) -> bool:
     """True when ``text`` is too expensive to hand to a symbolic engine: longer than ``max_chars``
-    (None = no limit, for whole responses), a power tower (``10^{10^{10}}``, ``9^9^9``, ``9**9**9``),
-    an exponent of 1000 or more, a factorial of 1000 or more, or brackets nested deeper than 30. Big-integer arithmetic
+    (None = no limit, for whole responses), an integer power tower (``10^{10^{10}}``, ``9^9^9``,
+    ``9**9**9``; ``e^{x^2}`` is fine),
+    an exponent of 1000 or more, a factorial of 1000 or more, a number of 500 digits or more, or brackets nested deeper than 30. Big-integer arithmetic
     runs in C and ignores the SIGALRM timeouts, so such answers would hold a reward worker until the
     executor kills it; they are judged by string and number comparison only."""
     if max_chars is not None and len(text) > max_chars:
