@@ -128,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
     cfg, resume = _load(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _preflight(cfg, resume)  # data, model, reward function, run dir: before any server starts
-    from flows.runtime import ensure_prefect_api
+    from flows.runtime import ensure_prefect_api, start_reaper
 
+    start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
     home = args.prefect_home or str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
     server = ensure_prefect_api(home)
     try:
