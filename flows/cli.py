@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a run that stopped itself (flows.train.TrainingStopped): one line, exit 1
+        stopped = getattr(sys.modules.get("flows.train"), "TrainingStopped", None)
+        if stopped is None or not isinstance(e, stopped):
+            raise
+        print(str(e), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -214,8 +214,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train_with_servers(args: argparse.Namespace, cfg, resume: str | None) -> int:
-    from flows.runtime import ensure_prefect_api
+    from flows.runtime import ensure_prefect_api, start_reaper
 
+    start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
     home = args.prefect_home or str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
     server = ensure_prefect_api(home)
     try:

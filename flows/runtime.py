@@ -3,7 +3,10 @@ and Ray (local, or ``placement.ray_address``). Every Ray worker gets the same Pr
 through the environment: Prefect's server-less ephemeral mode does not work under Ray (each
 Ray worker would start its own and they lock the same SQLite file).
 
-Servers started here bind to 127.0.0.1 and are stopped by the PID we started.
+Servers started here bind to 127.0.0.1 and are stopped by the PID we started; a reaper process
+(:mod:`flows.reaper`, :func:`start_reaper`) stops them, Ray's processes included, if the CLI dies
+without doing so (SIGKILL). Local Ray runs with its node address on the loopback interface
+(:func:`loopback_ray`), so every Ray server listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -100,6 +103,36 @@ def ensure_prefect_api(home: str | Path) -> PrefectServer:
     return server
 
 
+def start_reaper() -> subprocess.Popen:
+    """Start :mod:`flows.reaper` for this process: whatever this process starts from now on (the
+    Prefect server, Ray and everything under them) is stopped once it exits, however it exits."""
+    import psutil
+
+    me = psutil.Process()
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.reaper", str(me.pid), repr(me.create_time())],
+        cwd=str(Path(__file__).resolve().parents[1]), start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def loopback_ray() -> None:
+    """Make a local Ray take 127.0.0.1 as its node address, so that its GCS, raylet, workers,
+    dashboard agent (gRPC, HTTP and the metrics export port), runtime-env agent and autoscaler
+    metrics server all bind 127.0.0.1 (Ray binds loopback only when the node address is loopback).
+
+    ``ray.init(_node_ip_address="127.0.0.1")`` alone does not do it: Ray replaces a loopback
+    address by the machine's routable one unless its single-machine mode is on
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the default on macOS/Windows; ray 2.60
+    ``ray._private.services.resolve_ip_for_localhost``). Ray reads that variable when imported:
+    it is set in the environment (Ray's processes inherit it) and, if ray is already imported in
+    this process, on its constants module as well."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
 def ensure_ray(cfg: ExperimentConfig) -> None:
     """Start local Ray (or join ``placement.ray_address``) once, passing the Prefect API and
     MLflow URI to every worker through ``runtime_env``."""
@@ -123,6 +156,7 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     # Ray starts workers at nice 15 by default; the pools' actors *are* the compute here, and at
     # nice 15 any other process (Prefect server, driver) takes the CPU from them on a small machine
     os.environ.setdefault("RAY_worker_niceness", "0")
+    loopback_ray()
     needed = sum(p.workers * p.cpus_per_worker for p in cfg.placement.pools.values())
     num_cpus = cfg.placement.ray_num_cpus or max(float(os.cpu_count() or 1), needed)
     num_gpus = sum(p.workers * p.gpus_per_worker for p in cfg.placement.pools.values())

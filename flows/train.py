@@ -9,6 +9,7 @@ MLflow, and every ``save_every`` iterations the pools checkpoint.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -26,7 +27,58 @@ from tasks.validate import validate
 
 
 class TrainingStopped(RuntimeError):
-    """The run cannot go on (e.g. too many NaN/inf updates in a row)."""
+    """The run cannot go on (e.g. too many NaN/inf updates in a row). The CLI prints it as one
+    line (exit 1); Prefect logs the flow's failure without a traceback (:func:`_quiet_stops`)."""
+
+
+class _NoTracebackForStops(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], TrainingStopped):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_stops() -> None:
+    """Prefect's flow engine logs a failed flow run's exception with its traceback; a
+    TrainingStopped is an expected end with a one-line reason, so drop the traceback."""
+    flow_logger = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(f, _NoTracebackForStops) for f in flow_logger.filters):
+        flow_logger.addFilter(_NoTracebackForStops())
+
+
+class _RewardGuard:
+    """Counts iterations in a row in which the reward failed on every row (raised, NaN/None,
+    timed out or crashed) and stops the run at ``reward.max_failure_iterations``, naming the
+    reward function and the error of the last failing row. Held by the driver for one flow run
+    (a resumed run counts anew)."""
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg = cfg
+        self.in_a_row = 0
+
+    def check(self, out: dict[str, Any], it: int) -> None:
+        from hybridflow.rewards.executor import FAILURE_METRICS
+
+        result = out["results"].get("reward") or {}
+        rows = (result.get("ref") or {}).get("rows", 0)
+        failed = sum(out["metrics"].get(name, 0.0) for name in FAILURE_METRICS.values())
+        if not rows or failed < rows:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        limit = self.cfg.reward.max_failure_iterations
+        get_run_logger().warning("iteration %d: the reward failed on every row (%d iterations in a row, limit %d)",
+                                 it, self.in_a_row, limit)
+        if self.in_a_row >= limit:
+            from tasks.common import load_node_output
+
+            errors = [e for e in load_node_output(result).non_tensors.get("reward_error") or [] if e]
+            fn = f"reward.function={self.cfg.reward.function}" if self.cfg.reward.function else "the rule rewards"
+            raise TrainingStopped(
+                f"{fn} failed on every row for {self.in_a_row} iterations in a row "
+                f"(reward.max_failure_iterations={limit}); stopping at iteration {it}. "
+                f"Last error: {errors[-1] if errors else 'unknown'}"
+            )
 
 
 def _resolve_config(config: dict | None, config_path: str | None, overrides: list[str] | None) -> ExperimentConfig:
@@ -169,10 +221,12 @@ def train(
     validation accuracy before/after)."""
     from flows.iteration import iteration
 
+    _quiet_stops()
     cfg = _resolve_config(config, config_path, overrides)
     flow_run_id = str(prefect_flow_run.id or "")
     state = open_run(cfg, resume=resume, flow_run_id=flow_run_id or None)  # a retried flow run resumes
     cfg = state.cfg
+    rewards = _RewardGuard(cfg)
     logger = get_run_logger()
     tracker = Tracker(cfg, run_name=state.run_id, mlflow_run_id=state.mlflow_run_id,
                       tags={"prefect.flow_run_id": flow_run_id, "hybridflow.run_dir": state.run_dir})
@@ -199,6 +253,7 @@ def train(
             out["metrics"]["timing_s/iteration_wall"] = time.perf_counter() - t0
             try:
                 _check_update(cfg, state, out["metrics"], it)
+                rewards.check(out, it)
             finally:  # the iteration that stops the run is logged too
                 _log_iteration(cfg, state, it, out, tracker)
             print(state.progress_line(it, out["metrics"]))

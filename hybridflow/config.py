@@ -248,7 +248,12 @@ class RewardConfig(_Section):
         description="Custom reward: 'package.module:function' or 'path/to/file.py:function' "
         "(verl compute_score or TRL batched signature). None = rule rewards by data_source.",
     )
-    timeout_s: float = Field(10.0, gt=0, description="Per-call reward timeout, seconds.")
+    timeout_s: float = Field(
+        30.0, gt=0,
+        description="Deadline for scoring one batch on one reward rank, seconds, from the start of the call "
+        "(one deadline per batch, not per row): rows not scored by then are timeouts (scored on_error, "
+        "counted in reward/timeouts) and the hung workers are killed and replaced.",
+    )
     on_error: float = Field(0.0, description="Score given when the reward raises, returns NaN/None or times out.")
     num_workers: int = Field(2, gt=0, description="Reward process-pool size.")
     gsm8k_extraction: Literal["strict", "flexible"] = Field(
@@ -274,6 +279,12 @@ class RewardConfig(_Section):
     )
     code_max_cases: int = Field(
         10, gt=0, description="Code datasets: test cases run per response (the first N; verl's continuous score uses 10)."
+    )
+    # --- failure policy (reliability round two) ---
+    max_failure_iterations: int = Field(
+        3, gt=0,
+        description="Stop the run after this many iterations in a row in which the reward failed on every "
+        "row (raised, NaN/None, timed out or crashed): training on on_error scores alone teaches nothing.",
     )
 
     @model_validator(mode="after")

@@ -114,12 +114,13 @@ class RewardWorker:
         if self._rules_run():
             return self.executor.score(items)
         n = len(items)
-        return RewardResults(scores=[0.0] * n, extra={}, failures=[None] * n, metrics={}, logs=[])
+        return RewardResults(scores=[0.0] * n, extra={}, failures=[None] * n, metrics={}, logs=[], messages=[None] * n)
 
     @dispatch("dp_scatter")
     def compute_rewards(self, batch: Batch) -> Batch:
         """Adds ``token_level_scores`` [B, R] float32, non-tensors ``score`` (final float per row),
-        ``reward_failure`` (None | "error" | "nan" | "timeout" | "crash") and the reward's extra
+        ``reward_failure`` (None | "error" | "nan" | "timeout" | "crash"), ``reward_error`` (None |
+        one line: what went wrong on that row) and the reward's extra
         fields (e.g. ``acc``; a field whose name the batch already has is not overwritten); with a
         reward model also ``rm_score`` (its raw logit per row, before ``reward.model.weight``).
         meta["metrics"]: critic/score/{mean,max,min}, critic/score/<data_source>/mean, the
@@ -140,6 +141,7 @@ class RewardWorker:
         out.set("token_level_scores", place_scores(scores, batch["response_mask"]))
         out.set("score", scores)
         out.set("reward_failure", list(res.failures))
+        out.set("reward_error", list(res.messages) or [None] * len(items))
         if rm is not None:
             out.set("rm_score", list(rm.scores))
         for key, values in res.extra.items():

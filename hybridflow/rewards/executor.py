@@ -2,14 +2,17 @@
 
 :class:`RewardExecutor` is what the reward worker calls. It turns every failure of reward
 code into the configured ``reward.on_error`` score, counts it, and says once per failing row
-what happened, so a bad reward function never stops training:
+what happened, so a bad reward function never stops a call (the train flow stops the run
+after ``reward.max_failure_iterations`` iterations in a row in which every row failed):
 
 =========  ==============================================  ===================
 failure    what happened                                    metric
 =========  ==============================================  ===================
 error      raised, or returned something that is no number  ``reward/errors``
 nan        returned None, NaN or ±inf                       ``reward/nan``
-timeout    ran past ``reward.timeout_s`` (worker killed)    ``reward/timeouts``
+timeout    not scored within ``reward.timeout_s`` of the    ``reward/timeouts``
+           call (one deadline per batch; hung workers
+           killed)
 crash      its process died (os._exit, segfault, OOM)       ``reward/crashes``
 =========  ==============================================  ===================
 
@@ -29,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.config import RewardConfig
-from hybridflow.rewards.procpool import ProcessPool, Unit
+from hybridflow.rewards.procpool import _DEPTH, ProcessPool, Unit
 from hybridflow.rewards.registry import UnknownDataSourceError
 
 logger = logging.getLogger("hybridflow.rewards")
 FAILURE_METRICS = {"error": "reward/errors", "nan": "reward/nan", "timeout": "reward/timeouts", "crash": "reward/crashes"}
-_ROWS_PER_CHUNK = 32
+_ROWS_PER_CHUNK = 8  # small chunks: the rows queued behind a hung row in its chunk time out with it
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,9 @@ class RewardResults:
 
     scores: one float per item, in order. extra: field → list aligned with the items (None
     where a row has no such field). failures: None or "error" | "nan" | "timeout" | "crash"
-    per row. logs: one line per failing row (already sent to the ``hybridflow.rewards``
-    logger at WARNING), for the caller to forward (e.g. to Prefect).
+    per row. messages: None or what went wrong (one line) per row. logs: one line per failing
+    row (already sent to the ``hybridflow.rewards`` logger at WARNING), for the caller to
+    forward (e.g. to Prefect).
     """
 
     scores: list[float]
@@ -64,6 +68,7 @@ class RewardResults:
     failures: list[str | None] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     logs: list[str] = field(default_factory=list)
+    messages: list[str | None] = field(default_factory=list)
 
 
 class RewardExecutor:
@@ -131,8 +136,10 @@ class RewardExecutor:
     def _units(self, items: list[RewardItem]) -> list[Unit]:
         rows = [(i, (it.data_source, it.solution_str, it.ground_truth, it.extra_info, it.prompt)) for i, it in enumerate(items)]
         batched = self._pool is not None and self._pool.batched
-        n_chunks = self.cfg.num_workers if batched else max(self.cfg.num_workers, math.ceil(len(rows) / _ROWS_PER_CHUNK))
-        size = math.ceil(len(rows) / n_chunks)
+        if batched:  # one batched call per worker
+            size = math.ceil(len(rows) / self.cfg.num_workers)
+        else:  # several chunks per worker, so free workers take over the rows queued behind a hung one
+            size = max(1, min(_ROWS_PER_CHUNK, len(rows) // (4 * _DEPTH * self.cfg.num_workers)))
         return [Unit("batch" if batched else "rows", rows[s : s + size]) for s in range(0, len(rows), size)]
 
     def _collect(self, items: list[RewardItem], outcomes: list[tuple[str, Any]]) -> RewardResults:
@@ -140,15 +147,18 @@ class RewardExecutor:
         failures: list[str | None] = []
         extras: list[dict[str, Any]] = []
         logs: list[str] = []
+        messages: list[str | None] = []
         for i, (status, value) in enumerate(outcomes):
             if status == "ok":
                 scores.append(value["score"])
                 failures.append(None)
                 extras.append(value["extra"])
+                messages.append(None)
                 continue
             scores.append(self.cfg.on_error)
             failures.append(status)
             extras.append({})
+            messages.append(f"{status}: {value}")
             uid = f", uid={items[i].uid}" if items[i].uid is not None else ""
             line = (f"reward {status} on row {i} (data_source={items[i].data_source}{uid}): {value}; "
                     f"scored {self.cfg.on_error:g}")  # fmt: skip
@@ -157,7 +167,7 @@ class RewardExecutor:
         keys = sorted({k for e in extras for k in e})
         extra = {k: [e.get(k) for e in extras] for k in keys}
         metrics = reward_metrics(items, scores, failures, extras)
-        return RewardResults(scores, extra, failures, metrics, logs)
+        return RewardResults(scores, extra, failures, metrics, logs, messages)
 
 
 def reward_metrics(items: list[RewardItem], scores: list[float], failures: list[str | None],

@@ -1,12 +1,17 @@
 """A small process pool for reward functions that survives hangs and crashes of user code.
 
 Each worker is a fresh interpreter (``python -m hybridflow.rewards._worker``, in its own
-session) that loads the scorer once. Work goes out in chunks of rows; the child answers row
-by row, so the parent always knows which row is running. A row that runs past ``timeout_s``
-(measured from the previous answer of that worker) gets its worker's process group killed
-(SIGKILL) and the worker replaced; a worker that dies (``os._exit``, segfault, OOM kill)
-fails the row it was on; in both cases the rest of the chunk goes again to a live worker.
-A batched call fails as a whole.
+session) that loads the scorer once. Work goes out in small chunks of rows, one chunk in flight
+per worker (:data:`_DEPTH`): free workers keep taking chunks from the queue, so a hung row holds
+up only its own worker and the rest of its chunk. The child answers row by row, so the parent
+always knows which row is running.
+
+One deadline per call of :meth:`ProcessPool.run`: ``timeout_s`` from its start. The rows of a
+batch time out together, so a reward that hangs on every row costs one ``timeout_s`` per batch,
+not one per row: at the deadline every row still running, or sent but not started, or still
+queued, is a ``timeout``, and the workers that hold such rows have their process group killed
+(SIGKILL) and are replaced. A worker that dies (``os._exit``, segfault, OOM kill) fails the
+row it was on; the rest of its chunks go back to the queue. A batched call fails as a whole.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from hybridflow.rewards.loader import RewardLoadError
 Row = tuple[int, tuple[Any, ...]]  # (row index, payload)
 Outcome = tuple[str, Any]  # (status, value): ok | nan | error | timeout | crash
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_DEPTH = 1  # chunks in flight per worker; more would queue rows behind a row that may hang
 
 
 class RewardWorkerError(RuntimeError):
@@ -50,9 +56,8 @@ class _Worker:
     pidfd: int | None
     started: float
     ready: bool = False
-    unit: Unit | None = None
-    done: set[int] = field(default_factory=set)
-    deadline: float = 0.0
+    units: deque[Unit] = field(default_factory=deque)  # sent, not finished; the first is running
+    done: set[int] = field(default_factory=set)  # rows of units[0] answered
 
 
 def _start_worker(init: tuple[Any, ...]) -> _Worker:
@@ -134,24 +139,50 @@ class ProcessPool:
 
     # ---- scoring ---------------------------------------------------------------------------
     def run(self, units: list[Unit], timeout_s: float) -> dict[int, Outcome]:
-        """Score all rows of ``units``; returns {row index: (status, value)} for every row."""
+        """Score all rows of ``units`` within one deadline, ``timeout_s`` from now; returns
+        {row index: (status, value)} for every row (see the module docstring)."""
+        self.wait_ready()  # workers replaced after the last call load first: not on this call's clock
         self._call += 1
         self._timeout_s = timeout_s
         self._pending = deque(units)
         self._out = {}
         want = sum(len(u.rows) for u in units)
+        deadline = time.monotonic() + timeout_s
         while len(self._out) < want:
+            if time.monotonic() >= deadline:
+                self._time_out_the_rest()
+                break
             for w in self._workers:
-                if w.ready and w.unit is None and self._pending:
+                while w.ready and len(w.units) < _DEPTH and self._pending:
                     self._assign(w, self._pending.popleft())
-            busy = [w.deadline for w in self._workers if w.unit is not None]
-            self._poll(min(busy) if busy else time.monotonic() + 0.5)
+            self._poll(deadline)
         return self._out
 
     def _assign(self, w: _Worker, unit: Unit) -> None:
-        w.unit, w.done = unit, set()
-        w.deadline = time.monotonic() + self._timeout_s
+        if not w.units:
+            w.done = set()
+        w.units.append(unit)
         w.conn.send((unit.kind, self._call, unit.rows))
+
+    def _time_out_the_rest(self) -> None:
+        """At the deadline: every row not answered is a timeout; workers holding rows are replaced."""
+        running = f"still running at the deadline ({self._timeout_s:g} s for the batch); worker killed"
+        behind = f"not started before the deadline ({self._timeout_s:g} s for the batch): queued behind a hung row"
+        queued = f"not started before the deadline ({self._timeout_s:g} s for the batch)"
+        for i, w in enumerate(self._workers):
+            if not w.units:
+                continue
+            for k, unit in enumerate(w.units):
+                left = [row for row, _ in unit.rows if k > 0 or row not in w.done]
+                n_running = 0 if k > 0 else len(left) if unit.kind == "batch" else 1
+                for j, row in enumerate(left):
+                    self._out[row] = ("timeout", running if j < n_running else behind)
+            w.units.clear()
+            self._replace(i)
+        for unit in self._pending:
+            for row, _ in unit.rows:
+                self._out[row] = ("timeout", queued)
+        self._pending.clear()
 
     def _poll(self, until: float) -> None:
         waitables: list[Any] = [w.conn for w in self._workers]
@@ -166,9 +197,6 @@ class ProcessPool:
                 except subprocess.TimeoutExpired:
                     pass
                 self._fail_current(w, "crash", f"worker process died (exit code {w.proc.returncode})")
-                self._replace(i)
-            elif w.unit is not None and time.monotonic() > w.deadline:
-                self._fail_current(w, "timeout", f"still running after {self._timeout_s:g} s; worker killed")
                 self._replace(i)
             elif not w.ready and time.monotonic() - w.started > self._start_timeout_s:
                 raise RewardWorkerError(f"reward worker did not start within {self._start_timeout_s:g} s")
@@ -187,33 +215,35 @@ class ProcessPool:
             w.ready, self.reward_names, self.batched = True, list(msg[1]), bool(msg[2])
         elif msg[0] == "load_error":
             raise RewardLoadError(f"reward worker could not load the reward: {msg[1]}")
-        elif msg[1] != self._call or w.unit is None:
+        elif msg[1] != self._call or not w.units:
             return  # an answer to a call that was already given up on
         elif msg[0] == "row":
             _, _, row, status, value = msg
             self._out[row] = (status, value)
             w.done.add(row)
-            w.deadline = time.monotonic() + self._timeout_s
-            if len(w.done) == len(w.unit.rows):
-                w.unit = None
+            if len(w.done) == len(w.units[0].rows):
+                w.units.popleft()
+                w.done = set()
         elif msg[0] == "batch":
-            for (row, _), outcome in zip(w.unit.rows, msg[2], strict=True):
+            for (row, _), outcome in zip(w.units.popleft().rows, msg[2], strict=True):
                 self._out[row] = outcome
-            w.unit = None
+            w.done = set()
 
     def _fail_current(self, w: _Worker, status: str, message: str) -> None:
-        """Fail the row ``w`` was on (every row, for a batch); requeue the rest of its chunk."""
+        """Fail the row ``w`` was on (every row, for a batch); requeue the rest of its chunks."""
         if not w.ready:
             raise RewardLoadError(f"reward worker died while loading the reward (exit code {w.proc.returncode})")
-        if w.unit is None:
+        if not w.units:
             return
-        left = [r for r in w.unit.rows if r[0] not in w.done]
-        failed = left if w.unit.kind == "batch" else left[:1]
+        head = w.units.popleft()
+        left = [r for r in head.rows if r[0] not in w.done]
+        failed = left if head.kind == "batch" else left[:1]
         for row, _ in failed:
             self._out[row] = (status, message)
-        if len(left) > len(failed):
-            self._pending.appendleft(Unit(w.unit.kind, left[len(failed) :]))
-        w.unit = None
+        rest = ([Unit(head.kind, left[len(failed) :])] if len(left) > len(failed) else []) + list(w.units)
+        self._pending.extendleft(reversed(rest))
+        w.units.clear()
+        w.done = set()
 
 
 __all__ = ["ProcessPool", "Unit", "RewardWorkerError"]

@@ -128,8 +128,8 @@ def test_raise_nan_none_and_non_number(bad_executor):
 
 
 def test_timeout_kills_only_that_row(bad_executor):
-    # 6 rows on 2 workers go out as chunks [0, 1, 2] and [3, 4, 5]: row 2 waits behind the
-    # hanging row 1 and must be rescored by a live worker
+    # 6 rows on 2 workers go out one row at a time (small batch): while row 1 hangs, the other
+    # worker scores rows 2-5; at the batch's deadline only row 1 is left
     items = [_item("1"), _item("sleep", uid="p-7"), _item("0.5"), _item("2"), _item("3"), _item("4")]
     t0 = time.perf_counter()
     res = bad_executor.score(items)
@@ -138,17 +138,56 @@ def test_timeout_kills_only_that_row(bad_executor):
     assert res.failures == [None, "timeout", None, None, None, None]
     assert res.metrics["reward/timeouts"] == 1.0
     assert res.logs == [
-        "reward timeout on row 1 (data_source=user, uid=p-7): still running after 2 s; worker killed; scored -1"
+        "reward timeout on row 1 (data_source=user, uid=p-7): still running at the deadline (2 s for the batch); "
+        "worker killed; scored -1"
     ]
     assert elapsed < 10, elapsed  # bounded by timeout_s (2 s) + a worker restart, not by the 60 s sleep
+
+
+def test_a_reward_that_hangs_on_every_row_costs_one_deadline_per_batch(reward_file):
+    # one worker, six rows that all hang, 1 s deadline: the rows time out together (about 1 s),
+    # not one after another (6 x 1 s)
+    cfg = RewardConfig(function=f"{reward_file}:compute_score", num_workers=1, timeout_s=1.0)
+    with RewardExecutor(cfg) as ex:
+        t0 = time.perf_counter()
+        res = ex.score([_item("sleep") for _ in range(6)])
+        elapsed = time.perf_counter() - t0
+        assert res.failures == ["timeout"] * 6
+        assert res.metrics["reward/timeouts"] == 6.0
+        assert "still running at the deadline (1 s for the batch); worker killed" in res.logs[0]
+        assert all("not started before the deadline (1 s for the batch)" in line for line in res.logs[1:])
+        assert elapsed < 3.0, elapsed
+        assert ex.score([_item("2")]).scores == [2.0]  # the replaced worker scores the next batch
+
+
+def test_rows_queued_behind_a_hung_row_time_out_with_it(bad_executor):
+    # 40 rows on 2 workers go out in chunks of 5 (40 // (4 x 2)); row 2 hangs in chunk [0..4]:
+    # rows 3 and 4 wait behind it and time out with it, the other worker scores the other 35
+    items = [_item("sleep") if i == 2 else _item(str(i)) for i in range(40)]
+    res = bad_executor.score(items)
+    assert [i for i, f in enumerate(res.failures) if f] == [2, 3, 4]
+    assert set(res.failures) == {None, "timeout"}
+    assert "still running at the deadline" in res.logs[0] and "row 2" in res.logs[0]
+    assert "queued behind a hung row" in res.logs[1] and "row 3" in res.logs[1]
+    assert [res.scores[i] for i in (0, 1, 5, 39)] == [0.0, 1.0, 5.0, 39.0]
+
+
+def test_crash_requeues_the_rest_of_its_chunk(bad_executor):
+    restarts = bad_executor.worker_restarts
+    items = [_item("exit") if i == 2 else _item(str(i)) for i in range(40)]  # chunks of 5: [0..4] crashes at 2
+    res = bad_executor.score(items)
+    assert [i for i, f in enumerate(res.failures) if f] == [2]
+    assert res.failures[2] == "crash"
+    assert res.scores[3:5] == [3.0, 4.0]  # after the crash in its chunk: rescored by a live worker
+    assert bad_executor.worker_restarts == restarts + 1
 
 
 @pytest.mark.parametrize("how", ["exit", "segv"])
 def test_crashing_reward_does_not_take_the_caller_down(bad_executor, how):
     restarts = bad_executor.worker_restarts
-    items = [_item("1"), _item(how), _item("3"), _item("4"), _item("5"), _item("6")]  # chunks [0, 1, 2], [3, 4, 5]
+    items = [_item("1"), _item(how), _item("3"), _item("4"), _item("5"), _item("6")]  # one row per chunk
     res = bad_executor.score(items)
-    assert res.scores == [1.0, -1.0, 3.0, 4.0, 5.0, 6.0]  # row 2, after the crash in its chunk, is rescored
+    assert res.scores == [1.0, -1.0, 3.0, 4.0, 5.0, 6.0]  # the rows after the crash are scored
     assert res.failures == [None, "crash", None, None, None, None]
     assert res.metrics["reward/crashes"] == 1.0
     assert "exit code" in res.logs[0] and "row 1" in res.logs[0]

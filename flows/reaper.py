@@ -1,0 +1,102 @@
+"""Make every process ``hybridflow train`` starts die with it, even when it is SIGKILLed.
+
+``python -m flows.reaper DRIVER_PID DRIVER_START_TIME`` is started by the CLI
+(:func:`flows.runtime.start_reaper`) before any server, in a session of its own, so neither a
+SIGKILL of the driver nor one of the driver's process group reaches it. While the driver lives,
+it records the driver's descendants every second by pid and start time: the Prefect server and
+its children, Ray's GCS, raylet, dashboard and runtime-env agents, log monitor, workers and pool
+actors, and what those start (reward processes). Once the driver is gone (woken at once through
+a pidfd), it sends SIGTERM to each recorded process that is still the same process (same start
+time, so a recycled pid is never hit) and to their children, SIGKILL to whatever is left after
+``GRACE_S``, and exits. After a clean exit of the CLI it finds nothing left to stop.
+
+Why not ``PR_SET_PDEATHSIG`` alone: it reaches only direct children (Ray's agents and workers
+are the raylet's children, the Prefect server's uvicorn its own), and it fires when the *thread*
+that started the child exits, not the process. Ray's fate-sharing ends its GCS and raylet with
+the driver, but its agents lived on for a minute or two (issue 15).
+
+Imports only the standard library and psutil, so it starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+
+import psutil
+
+POLL_S = 1.0
+GRACE_S = 5.0
+
+
+def _same(pid: int, start: float) -> psutil.Process | None:
+    """The process ``pid`` if it is still the one that started at ``start``."""
+    try:
+        proc = psutil.Process(pid)
+        return proc if proc.create_time() == start and proc.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
+def _record(roots: list[psutil.Process], known: dict[int, float]) -> None:
+    """Add the descendants of ``roots`` to ``known`` (pid → start time), skipping this process."""
+    me = os.getpid()
+    for root in roots:
+        try:
+            for child in root.children(recursive=True):
+                if child.pid != me:
+                    known.setdefault(child.pid, child.create_time())
+        except psutil.Error:
+            continue
+
+
+def _alive(known: dict[int, float]) -> list[psutil.Process]:
+    return [p for pid, start in known.items() if (p := _same(pid, start)) is not None]
+
+
+def reap(known: dict[int, float], grace_s: float = GRACE_S) -> None:
+    """SIGTERM the recorded processes still alive (and their children), SIGKILL the rest after ``grace_s``."""
+    procs = _alive(known)
+    _record(procs, known)
+    procs = _alive(known)
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, left = psutil.wait_procs(procs, timeout=grace_s)
+    _record(left, known)  # children started while shutting down
+    for p in _alive(known):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def watch(driver_pid: int, driver_start: float) -> None:
+    """Record the driver's descendants until it exits, then :func:`reap` them."""
+    known: dict[int, float] = {}
+    driver = _same(driver_pid, driver_start)
+    try:
+        pidfd: int | None = os.pidfd_open(driver_pid) if driver is not None else None
+    except (AttributeError, OSError):
+        pidfd = None
+    while driver is not None and _same(driver_pid, driver_start) is not None:
+        _record([driver, *_alive(known)], known)
+        if pidfd is not None:
+            select.select([pidfd], [], [], POLL_S)
+        else:
+            time.sleep(POLL_S)
+    reap(known)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; we act when it has gone
+    watch(int(sys.argv[1]), float(sys.argv[2]))
+
+
+if __name__ == "__main__":
+    main()
