@@ -43,7 +43,7 @@ def cli_run(prefect_api, arith_files, tmp_path_factory):
     ov = tiny_overrides(str(tmp / "runs"), *arith_files, **{
         "trainer.run_id": RUN_ID, "trainer.total_iterations": str(ITERATIONS), "trainer.save_every": "1",
         "trainer.val_every": "2", "trainer.val_before_train": "true", "tracking.system_metrics": "true",
-        "tracking.log_samples_every": "1",
+        "tracking.log_samples_every": "1", "tracking.log_model": "final",
     })
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     env.pop("RAY_ADDRESS", None)
@@ -194,6 +194,7 @@ def test_automation_pauses_the_deployment_when_a_run_stops_on_nan(cli_run, monke
 
 
 def test_mlflow_training_run_with_model_inputs_table_and_system_metrics(cli_run):
+    import mlflow
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{cli_run['tmp'] / 'runs'}/mlflow.db"
@@ -208,6 +209,7 @@ def test_mlflow_training_run_with_model_inputs_table_and_system_metrics(cli_run)
     assert cli_run["summary"]["mlflow_model_uri"] == f"models:/{model.model_id}"
     contexts = sorted(next(t.value for t in d.tags if t.key == "mlflow.data.context") for d in run.inputs.dataset_inputs)
     assert contexts == ["training", "validation"], run.inputs
+    mlflow.set_tracking_uri(uri)  # load_table searches runs through the fluent API
     table = ml.load_table(run.info.experiment_id, "samples/iter_000001.json", run_ids=[run.info.run_id])
     assert {"prompt", "response", "score"} <= set(table.columns) and len(table) > 0
     assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
