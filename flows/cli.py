@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import re
 import sys
 
 # subcommand -> (module with add_arguments/run, one-line help)
@@ -25,14 +26,37 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# commands that run flows: they get -v (Prefect's task-state lines and Ray's worker logs on the console)
+VERBOSE_COMMANDS = ("train", "eval")
+_OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
+
+
+class OverridesAnywhere(argparse.ArgumentParser):
+    """A subcommand parser that takes ``key.path=value`` overrides wherever they stand.
+
+    argparse fills a trailing ``overrides`` positional (nargs="*") together with the positional
+    before it, so in ``config show -c FILE actor.lr=3e-6`` the override after ``-c FILE`` would be
+    "unrecognized"; here such leftovers are appended to ``overrides`` instead."""
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        ns, extras = super().parse_known_args(args, namespace)
+        if hasattr(ns, "overrides"):
+            ns.overrides = list(ns.overrides or []) + [a for a in extras if _OVERRIDE.match(a)]
+            extras = [a for a in extras if not _OVERRIDE.match(a)]
+        return ns, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridflow", description="RL post-training for LLMs on Prefect + Ray.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OverridesAnywhere)
     for name, (module, help_text) in SUBCOMMANDS.items():
         if importlib.util.find_spec(module) is None:  # subcommand not built yet
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, verbose=False)
+        if name in VERBOSE_COMMANDS:
+            p.add_argument("-v", "--verbose", action="store_true",
+                           help="also print Prefect's flow/task-run log lines and Ray's worker logs")
         # subcommand modules keep heavy imports inside run(), so importing them here is cheap
         importlib.import_module(module).add_arguments(p)
     return parser
@@ -41,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in VERBOSE_COMMANDS:
+        from flows.console import configure_console_logging
+
+        configure_console_logging(verbose=args.verbose)  # before prefect is imported
     from hybridflow.config import ConfigError
 
     try:

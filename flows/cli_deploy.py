@@ -10,7 +10,10 @@ Steps; a failure stops the command with a message on stderr that names what fail
 3. run ``prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml`` (or
    ``--name`` for a subset) from the project directory, so entrypoints such as
    ``flows/train.py:train`` resolve and workers run in that directory;
-4. read each created deployment back from the API and print what was registered.
+4. read each created deployment back from the API and print what was registered;
+5. create the automations of ``deployments/automations.yaml`` (``--automations``; replaced by
+   name; ``--no-automations`` skips them): e.g. pause a run's deployment when the run stops on
+   NaN updates or its validation accuracy falls (``flows/automations.py``).
 
 ``--pool NAME`` retargets every deployment at another pool through a rewritten copy of the
 file (``prefect deploy --all`` ignores ``--pool``); when that pool's type has an entry under
@@ -74,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="directory the deploy runs in; entrypoints are relative to it (default: the repository root)",
     )
     p.add_argument("--timeout-s", type=float, default=5.0, help="seconds to wait for the API health check")
+    p.add_argument("--automations", default="deployments/automations.yaml",
+                   help="Prefect automations file, relative to --project-dir (default: deployments/automations.yaml)")
+    p.add_argument("--no-automations", action="store_true", help="register the deployments only")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,9 +120,22 @@ def _deploy(args: argparse.Namespace) -> int:
         )
     for flow_name, name, dep_id in created:
         print(describe_deployment(api, flow_name, name, dep_id, args.timeout_s))
+    if not args.no_automations:
+        deploy_automations(api, project / args.automations)
     pools = sorted({_pool_name(d) for d in spec["deployments"] if d["name"] in selected})
     print(f"next: prefect worker start --pool {pools[0]}   (against {api})")
     return 0
+
+
+def deploy_automations(api: str, path: Path) -> None:
+    """Create the automations of ``path`` (flows/automations.py) and print one line each."""
+    from flows.automations import AutomationError, create_automations
+
+    try:
+        for name, automation_id in create_automations(api, path):
+            print(f"automation {name}  id={automation_id}")
+    except AutomationError as e:
+        raise DeployError(str(e)) from None
 
 
 # ---- the project file ----------------------------------------------------------------------------

@@ -191,6 +191,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     p.add_argument("--no-load-check", action="store_true",
                    help="skip loading the result with transformers (the file checks still run)")
+    add_register_argument(p)
+
+
+def add_register_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--register", metavar="NAME", default=None,
+                   help="also register the checkpoint as a new version of MLflow model NAME (in the run's tracking URI)")
+
+
+def register(args: argparse.Namespace, info: dict) -> int:
+    """``--register NAME``: a new model version from the checkpoint's MLflow model (logged now if
+    the run did not log one for that step)."""
+    from flows.tracking import register_checkpoint
+
+    try:
+        version = register_checkpoint(args.run_dir, info["step"], args.out_dir, args.register)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: --register {args.register}: {e}", file=sys.stderr)
+        return 2
+    print(f"registered MLflow model {version.name!r} version {version.version} (from {version.source})")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,4 +232,4 @@ def run(args: argparse.Namespace) -> int:
           f"to {args.out_dir}{size}")
     print(f"load it with: AutoModelForCausalLM.from_pretrained({str(args.out_dir)!r}); "
           f"evaluate it with: hybridflow eval --model {args.out_dir} -c CONFIG")
-    return 0
+    return register(args, info) if args.register else 0

@@ -141,10 +141,14 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     if ray.is_initialized():
         return
     env_vars = {k: os.environ[k] for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "HYBRIDFLOW_CACHE",
-                                              "PYTHONPATH") if k in os.environ}
+                                              "PYTHONPATH", "HYBRIDFLOW_CONSOLE",
+                                              "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL") if k in os.environ}
     env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
-    kwargs: dict = {"runtime_env": {"env_vars": env_vars}, "include_dashboard": False, "log_to_driver": True,
-                    "namespace": "hybridflow"}
+    from flows.console import ray_init_options
+
+    # quiet console (the CLI's default): workers' output stays in Ray's logs; -v prefixes it onto the driver's
+    kwargs: dict = {"runtime_env": {"env_vars": env_vars}, "include_dashboard": False, "namespace": "hybridflow",
+                    **ray_init_options()}
     if cfg.placement.ray_address:
         ray.init(address=cfg.placement.ray_address, **kwargs)
         return

@@ -4,6 +4,13 @@ params = the flattened config; metrics per iteration with verl's names (sanitise
 MLflow); the Prefect flow run id as a tag (and the MLflow run id is written into the Prefect
 run as an artifact by the train flow); artifacts: the resolved config, sample generation
 tables, and a reward / response-length plot at the end.
+
+So that the MLflow 3 UI files the run as model training (not as a GenAI evaluation): the
+experiment carries ``mlflow.experimentKind = custom_model_development`` (the tag the UI reads;
+without it the UI infers a kind and stores it), and checkpoints are logged as MLflow models
+linked to the run as outputs (a run with model outputs is a "training run" in the UI). The
+training and validation files are the run's dataset inputs; ``tracking.system_metrics`` adds
+MLflow's system metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from typing import Any
 
 from hybridflow.config import ExperimentConfig, dump_config, flatten_config
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"  # the MLflow 3 UI's "Machine learning" kind
+MODEL_FILE = Path(__file__).with_name("mlflow_model.py")
 SECRET_MARKERS = ("password", "secret", "token", "api_key", "credential")
 _URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*)(?::[^/@\s]*)?@")
 
@@ -51,6 +61,8 @@ class Tracker:
         self.client = MlflowClient(self.uri)
         exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(cfg.tracking.experiment)
+        if exp is None or EXPERIMENT_KIND_TAG not in exp.tags:
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         if mlflow_run_id:
             self.run_id = mlflow_run_id
             self.client.update_run(self.run_id, status="RUNNING")
@@ -59,7 +71,9 @@ class Tracker:
             self.run_id = run.info.run_id
             self._log_params(cfg)
             self._log_text(redact(dump_config(cfg)), "config.yaml")
+            log_dataset_inputs(self.client, self.run_id, cfg)
         self.history: list[tuple[int, dict[str, float]]] = []
+        self._system_metrics = start_system_metrics(self.run_id) if cfg.tracking.system_metrics else None
 
     def _log_params(self, cfg: ExperimentConfig) -> None:
         from mlflow.entities import Param
@@ -124,5 +138,114 @@ class Tracker:
         plt.close(fig)
         return "plots/reward_curve.png"
 
+    def log_checkpoint_model(self, policy_dir: str, step: int) -> str:
+        """Log a checkpoint's HF policy folder as an MLflow model of this run (output at ``step``);
+        returns its ``models:/<model_id>`` URI."""
+        return log_hf_model(self.run_id, policy_dir, step)
+
+    def run_link(self) -> str | None:
+        """The MLflow UI page of the run when the tracking URI is a server, else None."""
+        if not self.uri.startswith(("http://", "https://")):
+            return None
+        return f"{redact(self.uri).rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+
     def finish(self, status: str = "FINISHED") -> None:
+        if self._system_metrics is not None:
+            self._system_metrics.finish()
         self.client.set_terminated(self.run_id, status=status)
+
+
+def log_hf_model(run_id: str, policy_dir: str, step: int, name: str = "policy") -> str:
+    """Log an HF model folder as an MLflow pyfunc model (``flows/mlflow_model.py``, the folder as
+    its ``hf_model`` artifact) linked to run ``run_id`` as an output at ``step``. No active run
+    is needed or left behind; requirements are given, not inferred (inference loads the model in
+    a subprocess). Returns ``models:/<model_id>``."""
+    import mlflow.pyfunc
+    import torch
+    import transformers
+    from mlflow.models import Model
+
+    info = Model.log(artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, step=step,
+                     python_model=str(MODEL_FILE), artifacts={"hf_model": str(policy_dir)},
+                     pip_requirements=[f"torch=={torch.__version__.split('+')[0]}",
+                                       f"transformers=={transformers.__version__}", f"mlflow=={mlflow.__version__}"],
+                     tags={"hybridflow.step": str(step), "hybridflow.policy_dir": str(policy_dir)})
+    return info.model_uri
+
+
+def register_model(model_uri: str, name: str) -> Any:
+    """Register ``model_uri`` as a new version of registered model ``name``; returns the ModelVersion."""
+    import mlflow
+
+    return mlflow.register_model(model_uri, name)
+
+
+def log_dataset_inputs(client: Any, run_id: str, cfg: ExperimentConfig) -> None:
+    """The training (context ``training``) and validation (``validation``) files as the run's
+    dataset inputs, with their schema and row counts. A file that cannot be read is skipped:
+    the data checks before the run already named any problem with it."""
+    from mlflow.entities import DatasetInput, InputTag
+
+    inputs = []
+    for context, files in (("training", cfg.data.train_files), ("validation", cfg.data.val_files or [])):
+        for path in files:
+            dataset = _dataset(str(path))
+            if dataset is not None:
+                inputs.append(DatasetInput(dataset._to_mlflow_entity(), [InputTag("mlflow.data.context", context)]))
+    if inputs:
+        client.log_inputs(run_id, datasets=inputs)
+
+
+def _dataset(path: str) -> Any:
+    import mlflow.data
+    import pandas as pd
+
+    try:
+        df = pd.read_parquet(path) if path.endswith(".parquet") else pd.read_json(path, lines=True)
+    except Exception:  # noqa: BLE001 - HF dataset ids and odd formats: no input recorded
+        return None
+    import warnings
+
+    df = df.map(lambda v: v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
+    with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are local files
+        warnings.simplefilter("ignore", UserWarning)
+        return mlflow.data.from_pandas(df, source=redact(path), name=Path(path).name)
+
+
+def start_system_metrics(run_id: str) -> Any:
+    """MLflow's system-metrics monitor for ``run_id`` (every 10 s); stopped by Tracker.finish."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=10, samples_before_logging=1)
+    monitor.start()
+    return monitor
+
+
+def register_checkpoint(run_dir: str | Path, step: int, model_dir: str | Path, name: str) -> Any:
+    """Register step ``step`` of run ``run_dir`` as a new version of MLflow model ``name``.
+
+    Uses the MLflow model the train flow logged for that checkpoint (run tag
+    ``hybridflow.model_uri.step_<N>``); a checkpoint logged without one (``tracking.log_model``)
+    is logged now from ``model_dir`` (an HF folder) as an output of the run's MLflow run. The
+    tracking URI comes from the run's config (or $MLFLOW_TRACKING_URI). Returns the ModelVersion;
+    ValueError when the run has no MLflow run recorded in run.json."""
+    import json
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from hybridflow.config import load_config
+
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir / "config.yaml")
+    mlflow_run_id = json.loads((run_dir / "run.json").read_text()).get("mlflow_run_id")
+    if not mlflow_run_id:
+        raise ValueError(f"{run_dir}/run.json records no MLflow run to register a model from")
+    uri = tracking_uri(cfg)
+    mlflow.set_tracking_uri(uri)
+    tags = MlflowClient(uri).get_run(mlflow_run_id).data.tags
+    model_uri = tags.get(f"hybridflow.model_uri.step_{step:06d}")
+    if model_uri is None:
+        model_uri = log_hf_model(mlflow_run_id, str(model_dir), step)
+        MlflowClient(uri).set_tag(mlflow_run_id, f"hybridflow.model_uri.step_{step:06d}", model_uri)
+    return register_model(model_uri, name)

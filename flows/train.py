@@ -18,6 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
+from flows.observe import RunObserver
 from flows.run_state import RunState, open_run
 from flows.tracking import Tracker, redact
 from hybridflow.config import ExperimentConfig, config_from_dict, load_config
@@ -143,13 +144,15 @@ def _submit(cfg: ExperimentConfig, task: Any, **kwargs: Any) -> Any:
     return node_task.submit(**kwargs).result()
 
 
-def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: Tracker) -> dict[str, float]:
+def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: Tracker,
+              observer: RunObserver) -> dict[str, float]:
     if state.val_prompts is None:
         return {}
     res = _submit(cfg, validate, run=run, val_prompts=state.val_prompts, policy_version=state.policy_version)
     metrics = {k: v for k, v in res["metrics"].items() if k.startswith(("val-core/", "val-aux/", "timing_s/"))}
     tracker.log_metrics(metrics, step=run.iteration)
     state.record_validation(run.iteration, metrics)
+    observer.validation_done(run.iteration, metrics)
     return metrics
 
 
@@ -186,9 +189,11 @@ def _check_update(cfg: ExperimentConfig, state: RunState, metrics: dict[str, flo
         state.kl_coef = metrics["critic/kl_coef_next"]
 
 
-def _checkpoint(cfg: ExperimentConfig, state: RunState, run: RunContext) -> None:
+def _checkpoint(cfg: ExperimentConfig, state: RunState, run: RunContext, observer: RunObserver,
+                final: bool = False) -> None:
     _submit(cfg, checkpoint, run=run, trainer_state=state.trainer_state(run.iteration))
     state.last_checkpoint_iteration = run.iteration
+    observer.checkpoint_saved(run.iteration, final=final or run.iteration == cfg.trainer.total_iterations)
 
 
 def _report_data(state: RunState, tracker: Tracker) -> None:
@@ -234,14 +239,16 @@ def train(
     state.bind(mlflow_run_id=tracker.run_id, mlflow_uri=redact(tracker.uri), prefect_flow_run_id=flow_run_id)
     logger.info("run %s in %s (MLflow run %s)", state.run_id, state.run_dir, tracker.run_id)
     _report_data(state, tracker)
+    observer = RunObserver(state, tracker, flow_run_id)
     status = "FAILED"
     try:
+        observer.started()
         state.bring_up_pools()
         iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
         iteration_key = _subflow_key(iteration_flow)
         base = state.context(0)
         if cfg.trainer.val_before_train and state.start_iteration == 1:
-            _validate(cfg, state, base, tracker)
+            _validate(cfg, state, base, tracker, observer)
         for it in range(state.start_iteration, cfg.trainer.total_iterations + 1):
             prompts = state.next_prompts(it)
             if prompts is None:
@@ -256,22 +263,28 @@ def train(
                 rewards.check(out, it)
             finally:  # the iteration that stops the run is logged too
                 _log_iteration(cfg, state, it, out, tracker)
-            print(state.progress_line(it, out["metrics"]))
+            print(state.progress_line(it, out["metrics"]))  # to Prefect's logs (and the console with -v)
+            observer.iteration_done(it, out["metrics"])
             if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
-                _validate(cfg, state, base.with_iteration(it), tracker)
+                _validate(cfg, state, base.with_iteration(it), tracker, observer)
             if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:
-                _checkpoint(cfg, state, base.with_iteration(it))
+                _checkpoint(cfg, state, base.with_iteration(it), observer)
         if state.last_iteration > state.last_checkpoint_iteration:  # data ran out before total_iterations
-            _checkpoint(cfg, state, base.with_iteration(state.last_iteration))
+            _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, final=True)
         if cfg.trainer.val_every and state.last_val_iteration != state.last_iteration and state.val_prompts:
-            _validate(cfg, state, base.with_iteration(state.last_iteration), tracker)
+            _validate(cfg, state, base.with_iteration(state.last_iteration), tracker, observer)
         status = "FINISHED"
+    except BaseException as e:  # NaN guard, a failed node, Ctrl-C: a run.stopped event with the reason
+        observer.stopped(e)
+        raise
     finally:
+        observer.close()
         state.tear_down_pools()
         tracker.log_curves()
         tracker.finish(status)
         state.close()  # the folder's lock (the CLI, when it started the run, holds its own until it exits)
     summary = state.summary()
+    observer.finished(summary)
     Path(state.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     logger.info("summary: %s", json.dumps(summary))
     return summary

@@ -1,0 +1,70 @@
+"""The train flow's observers in one place: the console (``flows/console.py``), Prefect artifacts
+and events (``flows/artifacts.py``) and MLflow models of checkpoints (``flows/tracking.py``).
+
+``flows/train.py`` calls one method per moment of the run (started, iteration done, validation
+done, checkpoint saved, stopped, finished); each observer decides what to show or record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flows.artifacts import PrefectReporter
+from flows.console import RunConsole
+from flows.run_state import RunState
+from flows.tracking import Tracker
+
+STOP_REASONS = {"TrainingStopped": "nan_guard", "KeyboardInterrupt": "interrupted", "SystemExit": "terminated"}
+
+
+class RunObserver:
+    def __init__(self, state: RunState, tracker: Tracker, flow_run_id: str):
+        cfg = state.cfg
+        self.state, self.tracker = state, tracker
+        self.log_model = cfg.tracking.log_model
+        self.total = cfg.trainer.total_iterations
+        self.console = RunConsole(state.run_id, state.run_dir, self.total, state.start_iteration)
+        self.prefect = PrefectReporter(state.run_id, flow_run_id, self.total,
+                                       alert_val_drop=cfg.tracking.alert_val_drop)
+        for metrics in (state.validations[k] for k in sorted(state.validations)):
+            self.prefect.note_validation(metrics)  # a resumed run compares with its earlier best
+        self.model_uris: dict[int, str] = {}
+
+    def started(self) -> None:
+        self.prefect.start(self.state.start_iteration)
+        self.console.start()
+
+    def iteration_done(self, it: int, metrics: dict[str, float]) -> None:
+        self.console.iteration_done(it, metrics)
+        self.prefect.iteration_done(it, metrics)
+
+    def validation_done(self, it: int, metrics: dict[str, float]) -> None:
+        self.console.validation_done(it, metrics)
+        self.prefect.validation_done(it, metrics)
+
+    def checkpoint_saved(self, it: int, final: bool) -> None:
+        """Log the checkpoint as an MLflow model when ``tracking.log_model`` asks for it."""
+        if self.log_model == "off" or (self.log_model == "final" and not final):
+            return
+        policy_dir = Path(self.state.run_dir) / "checkpoints" / f"step_{it:06d}" / "policy"
+        if policy_dir.is_dir():
+            self.model_uris[it] = self.tracker.log_checkpoint_model(str(policy_dir), it)
+            self.tracker.set_tag(f"hybridflow.model_uri.step_{it:06d}", self.model_uris[it])
+
+    def stopped(self, error: BaseException) -> None:
+        reason = STOP_REASONS.get(type(error).__name__, "error")
+        self.console.stopped(f"{reason}: {error}")
+        self.prefect.stopped(reason, str(error)[:2000])
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        """Add the MLflow model and reward curve to ``summary``; publish the summary artifact."""
+        self.console.close()
+        if self.model_uris:
+            summary["mlflow_model_uri"] = self.model_uris[max(self.model_uris)]
+        hist = self.state.metrics_history()
+        summary["reward_curve"] = [hist[i]["critic/score/mean"] for i in sorted(hist) if "critic/score/mean" in hist[i]]
+        self.prefect.summary(summary, self.tracker.run_link())
+
+    def close(self) -> None:
+        self.console.close()
