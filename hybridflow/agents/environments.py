@@ -138,7 +138,7 @@ class ToolEnvironment:
                 content = f"error: unknown tool {call.name!r}; tools: {', '.join(tools)}"
             else:
                 try:
-                    content = str(tool.fn(**call.arguments))
+                    content = str(tool(**call.arguments))
                 except Exception as e:  # noqa: BLE001 - a tool's failure is the model's observation
                     errors += 1
                     content = f"error: {call.name} raised {type(e).__name__}: {str(e)[:200]}"
@@ -146,14 +146,15 @@ class ToolEnvironment:
         return StepResult(messages, None, False, {"tool_calls": dict(counts), "tool_errors": errors})
 
 
-_TOOL_CACHE: dict[tuple[str, ...], dict[str, Any]] = {}
+_TOOL_CACHE: dict[tuple[str, ...], dict[str, Callable[..., Any]]] = {}
 
 
 def _cached_tools(specs: tuple[str, ...]) -> dict[str, Any]:
     if specs not in _TOOL_CACHE:
-        from hybridflow.agents.tools import load_tools
+        from hybridflow.agents.tools import load_tool_function
 
-        _TOOL_CACHE[specs] = load_tools(list(specs))
+        fns = [load_tool_function(spec, f"rollout.tools[{i}]") for i, spec in enumerate(specs)]
+        _TOOL_CACHE[specs] = {fn.__name__: fn for fn in fns}
     return _TOOL_CACHE[specs]
 
 

@@ -63,7 +63,8 @@ class EnvRunner:
             from hybridflow.config import RewardConfig
             from hybridflow.rewards.procpool import ProcessPool
 
-            pool = ProcessPool(AGENT_CALL_SPEC, RewardConfig().model_dump(), self.plugins, self.num_workers)
+            preload = ["hybridflow.agents.tools", "hybridflow.rewards.sandbox", *self.plugins]  # off the call clock
+            pool = ProcessPool(AGENT_CALL_SPEC, RewardConfig().model_dump(), preload, self.num_workers)
             try:
                 pool.wait_ready()
             except BaseException:

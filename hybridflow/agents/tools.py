@@ -84,9 +84,9 @@ class Tool:
     schema: dict[str, Any]
 
 
-def load_tool(spec: str, key: str = "rollout.tools") -> Tool:
-    """A built-in name or a spec → Tool. Raises AgentLoadError (one line naming ``key``) for an
-    unknown name, an import failure, something not callable, or a missing docstring / type hint."""
+def load_tool_function(spec: str, key: str = "rollout.tools") -> Callable[..., Any]:
+    """The function of a built-in name or a spec, without building its schema (what the processes
+    executing tools need; the schema was checked when the config loaded). AgentLoadError as load_tool."""
     if spec in BUILTIN_TOOLS:
         fn = BUILTIN_TOOLS[spec]
     elif is_spec(spec):
@@ -96,6 +96,13 @@ def load_tool(spec: str, key: str = "rollout.tools") -> Tool:
                              "or 'pkg.mod:fn' / 'path/file.py:fn'")  # fmt: skip
     if not callable(fn):
         raise AgentLoadError(f"{key}={spec!r}: a {type(fn).__name__}, not a function")
+    return fn
+
+
+def load_tool(spec: str, key: str = "rollout.tools") -> Tool:
+    """A built-in name or a spec → Tool. Raises AgentLoadError (one line naming ``key``) for an
+    unknown name, an import failure, something not callable, or a missing docstring / type hint."""
+    fn = load_tool_function(spec, key)
     from transformers.utils import get_json_schema
 
     try:
@@ -117,4 +124,4 @@ def load_tools(specs: list[str], key: str = "rollout.tools") -> dict[str, Tool]:
     return out
 
 
-__all__ = ["Tool", "load_tool", "load_tools", "calculator", "python", "BUILTIN_TOOLS"]
+__all__ = ["Tool", "load_tool", "load_tool_function", "load_tools", "calculator", "python", "BUILTIN_TOOLS"]
