@@ -304,6 +304,13 @@ class RewardConfig(_Section):
     model: RewardModelConfig = Field(
         default_factory=RewardModelConfig, description="Learned reward model (sequence classification); off by default."
     )
+    # ---- multi-turn environment rewards (issue 16) ----
+    combine: Literal["replace", "add"] = Field(
+        "replace",
+        description="Rows whose environment returned rewards (multi-turn): 'replace' = the score is the sum of "
+        "the environment's rewards; 'add' = that sum + the rule / custom / reward-model score. Rows without "
+        "environment rewards keep the rule score.",
+    )
 
     @model_validator(mode="after")
     def _check_model(self) -> RewardConfig:
