@@ -207,6 +207,10 @@ def test_python_block_format(runner):
     assert out.non_tensors["messages"][0][-2] == {"role": "tool", "name": "python", "content": "5535\n"}
     prompt = TOK.decode(out.prompt_ids[0][out.prompt_mask[0]].tolist())
     assert prompt == "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"  # no schema for this format
+    cfg["multi_turn"]["system_prompt"] = "Use ```python blocks."
+    out = rollout(runner, ScriptedEngine({"Q": ["5535"]}), cfg, ["Q"])
+    prompt = TOK.decode(out.prompt_ids[0][out.prompt_mask[0]].tolist())
+    assert prompt == "<|im_start|>system\nUse ```python blocks.<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
 
 
 # ---- the hf engine on a tiny random model --------------------------------------------------------

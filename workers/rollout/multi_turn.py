@@ -148,22 +148,25 @@ class MultiTurnRollout:
             if value["messages"] is not None:
                 t.messages = list(value["messages"])
                 t.prompt = self.renderer.prompt_ids(t.messages)
-            elif t.env == TOOLS_ENVIRONMENT and t.messages and self.mt.tool_format == "hermes":
-                t.prompt = self._prompt_with_tools(t.messages)
+            elif t.messages and (self.mt.system_prompt or self._schemas_for(t)):
+                t.messages = _with_system(t.messages, self.mt.system_prompt)
+                t.prompt = self._prompt_with_tools(t.messages, self._schemas_for(t))
         return trajs
 
-    def _prompt_with_tools(self, messages: list[dict[str, Any]]) -> list[int]:
+    def _schemas_for(self, t: Trajectory) -> list[dict[str, Any]]:
+        """The tool schemas the prompt shows: hermes-format tools only (python blocks need none)."""
+        hermes = t.env == TOOLS_ENVIRONMENT and self.mt.tool_format == "hermes"
+        return self.tool_schemas if hermes else []
+
+    def _prompt_with_tools(self, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> list[int]:
         """The prompt with the tool schemas: through the template's ``tools=`` when it takes them,
         else as a system message written by the tool format."""
-        if self.renderer.supports_tools:
-            return self.renderer.prompt_ids(messages, tools=self.tool_schemas)
-        from hybridflow.agents.formats import get_tool_format
+        if schemas and self.renderer.supports_tools:
+            return self.renderer.prompt_ids(messages, tools=schemas)
+        if schemas:
+            from hybridflow.agents.formats import get_tool_format
 
-        text = get_tool_format(self.mt.tool_format).system_prompt(self.tool_schemas)
-        if messages[0].get("role") == "system":
-            messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
-        else:
-            messages = [{"role": "system", "content": text}, *messages]
+            messages = _with_system(messages, get_tool_format(self.mt.tool_format).system_prompt(schemas))
         return self.renderer.prompt_ids(messages)
 
     def _generate_turn(self, live: list[Trajectory], sampling: SamplingParams, budget: int) -> None:
@@ -265,6 +268,15 @@ class MultiTurnRollout:
             ids, mask, logp, [t.finish or "length" for t in trajs], prompt_ids=p_ids, prompt_mask=p_mask,
             observation_mask=real & ~mask, non_tensors=non_tensors, metrics=multi_turn_metrics(trajs),
         )  # fmt: skip
+
+
+def _with_system(messages: list[dict[str, Any]], text: str | None) -> list[dict[str, Any]]:
+    """``messages`` with ``text`` as (the end of) the leading system message."""
+    if not text:
+        return list(messages)
+    if messages and messages[0].get("role") == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def multi_turn_metrics(trajs: list[Trajectory]) -> dict[str, float]:
