@@ -12,6 +12,7 @@ from hybridflow.agents.remote import EnvRunner
 from hybridflow.batch import Batch
 from hybridflow.config import config_from_dict
 from hybridflow.models import build_tiny_model, build_tiny_tokenizer
+from tests.unit.test_rollout_vllm import fake_vllm  # noqa: F401 - the vllm stand-in fixture
 from workers.rollout.base import RolloutOutput, SamplingParams
 from workers.rollout.multi_turn import TRUNCATION_MARKER, MultiTurnRollout
 
@@ -259,3 +260,31 @@ def test_policy_loss_has_no_gradient_at_observation_positions(hf_rollout):
     loss.backward()
     assert lp.grad[out.observation_mask].abs().max() == 0
     assert lp.grad[out.response_mask].abs().min() > 0
+
+
+# ---- the vllm engine (stand-in LLM) drives the same loop with token-id prompts -------------------
+def test_vllm_engine_gets_token_id_prompts_turn_after_turn(runner, fake_vllm):
+    from tests.unit.test_rollout_vllm import FakeLLM, RequestOutput, completion
+    from workers.rollout.vllm import VLLMRolloutEngine
+
+    class ScriptedLLM(FakeLLM):
+        """Guesses "3", then "7" (GuessEnv's target), with log-prob -0.5 per token."""
+
+        def generate(self, prompts, sampling_params, use_tqdm=True, lora_request=None):
+            self.calls.append(("generate", prompts, sampling_params))
+            turn = sum(c[0] == "generate" for c in self.calls) - 1
+            toks = [*ids("37"[turn]), EOS]
+            return [RequestOutput(str(i), None, p["prompt_token_ids"], None,
+                                  [completion(0, toks, [-0.5] * len(toks), "stop", EOS)]) for i, p in enumerate(prompts)]
+
+    llm = ScriptedLLM()
+    engine = VLLMRolloutEngine(llm, pad_token_id=EOS, bucket_bytes=1 << 30)
+    cfg = {"environment": f"{FIX}:GuessEnv", "max_response_tokens": 100}
+    out = rollout(runner, engine, cfg, ["Q"])
+    first, second = (c[1][0]["prompt_token_ids"] for c in llm.calls if c[0] == "generate")
+    observation = ids("\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n")
+    assert second == [*first, *ids("3"), EOS, *observation]  # token in: the first turn's ids, untouched
+    assert out.finish_reason == ["env_done"] and out.non_tensors["env_reward"] == [pytest.approx(0.9)]
+    n = 2 + len(observation) + 2
+    assert out.response_mask[0, :n].tolist() == [True, True] + [False] * len(observation) + [True, True]
+    assert out.rollout_log_probs[0, :n][out.response_mask[0, :n]].tolist() == [-0.5] * 4
