@@ -263,7 +263,8 @@ def test_policy_loss_has_no_gradient_at_observation_positions(hf_rollout):
 
 
 # ---- the vllm engine (stand-in LLM) drives the same loop with token-id prompts -------------------
-def test_vllm_engine_gets_token_id_prompts_turn_after_turn(runner, fake_vllm):
+@pytest.mark.usefixtures("fake_vllm")
+def test_vllm_engine_gets_token_id_prompts_turn_after_turn(runner):
     from tests.unit.test_rollout_vllm import FakeLLM, RequestOutput, completion
     from workers.rollout.vllm import VLLMRolloutEngine
 
