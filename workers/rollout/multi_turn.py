@@ -99,7 +99,9 @@ class MultiTurnRollout:
         self.renderer = ChatRenderer(tokenizer)
         self.pad_id = int(tokenizer.pad_token_id)
         self.default_env = environment_spec(rollout_cfg)
-        self.tool_schemas = [t.schema for t in load_tools(rollout_cfg.tools).values()] if rollout_cfg.tools else []
+        tools = load_tools(rollout_cfg.tools) if rollout_cfg.tools else {}
+        self.tool_schemas = [t.schema for t in tools.values()]
+        self.tool_names = list(tools)
         self.marker_ids = list(tokenizer(TRUNCATION_MARKER, add_special_tokens=False)["input_ids"])
         self.per_turn = self.mt.max_tokens_per_turn or rollout_cfg.max_response_tokens
 
@@ -266,7 +268,7 @@ class MultiTurnRollout:
         }
         return MultiTurnOutput(
             ids, mask, logp, [t.finish or "length" for t in trajs], prompt_ids=p_ids, prompt_mask=p_mask,
-            observation_mask=real & ~mask, non_tensors=non_tensors, metrics=multi_turn_metrics(trajs),
+            observation_mask=real & ~mask, non_tensors=non_tensors, metrics=multi_turn_metrics(trajs, self.tool_names),
         )  # fmt: skip
 
 
@@ -279,29 +281,38 @@ def _with_system(messages: list[dict[str, Any]], text: str | None) -> list[dict[
     return [{"role": "system", "content": text}, *messages]
 
 
-def multi_turn_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> dict[str, float]:
     """multi_turn/num_turns/{mean,max}, multi_turn/finish/<reason> (fractions), tool/calls/mean,
-    tool/<name>/calls, tool/errors, tool/timeouts, tool/parse_errors (counts), env/errors,
-    response_length/observation_tokens/mean — over this call's trajectories."""
-    n = max(len(trajs), 1)
+    tool/<name>/calls (for ``tool_names``), tool/errors, tool/timeouts, tool/parse_errors (counts),
+    env/errors, response_length/observation_tokens/mean — over the trajectories of every rank
+    (summed / maxed across a data-parallel group, like the policy's other generation metrics)."""
+    from workers import distributed as D
+
+    reasons = ("stop", "length", "max_turns", "env_done", "env_error")
     calls: Counter[str] = Counter()
     for t in trajs:
         calls.update(t.tool_calls)
+    local = [float(len(trajs)), sum(t.turns for t in trajs), sum(calls.values()), sum(t.tool_errors for t in trajs),
+             sum(t.tool_timeouts for t in trajs), sum(t.parse_errors for t in trajs),
+             sum(t.observation_tokens for t in trajs), *(sum(t.finish == r for t in trajs) for r in reasons),
+             *(calls[name] for name in tool_names)]  # fmt: skip
+    sums = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
+    top = float(D.all_reduce_max(torch.tensor([max((t.turns for t in trajs), default=0)], dtype=torch.float64))[0])
+    n = max(sums[0], 1.0)
     out = {
-        "multi_turn/num_turns/mean": sum(t.turns for t in trajs) / n,
-        "multi_turn/num_turns/max": float(max((t.turns for t in trajs), default=0)),
-        "tool/calls/mean": sum(calls.values()) / n,
-        "tool/errors": float(sum(t.tool_errors for t in trajs)),
-        "tool/timeouts": float(sum(t.tool_timeouts for t in trajs)),
-        "tool/parse_errors": float(sum(t.parse_errors for t in trajs)),
-        "env/errors": float(sum(t.finish == "env_error" for t in trajs)),
-        "response_length/observation_tokens/mean": sum(t.observation_tokens for t in trajs) / n,
+        "multi_turn/num_turns/mean": sums[1] / n,
+        "multi_turn/num_turns/max": top,
+        "tool/calls/mean": sums[2] / n,
+        "tool/errors": sums[3],
+        "tool/timeouts": sums[4],
+        "tool/parse_errors": sums[5],
+        "response_length/observation_tokens/mean": sums[6] / n,
+        "env/errors": sums[7 + reasons.index("env_error")],
     }
-    for name, count in sorted(calls.items()):
-        out[f"tool/{name}/calls"] = float(count)
-    for reason in ("stop", "length", "max_turns", "env_done", "env_error"):
-        out[f"multi_turn/finish/{reason}"] = sum(t.finish == reason for t in trajs) / n
+    for i, reason in enumerate(reasons):
+        out[f"multi_turn/finish/{reason}"] = sums[7 + i] / n
+    for i, name in enumerate(tool_names):
+        out[f"tool/{name}/calls"] = sums[7 + len(reasons) + i]
     return out
-
 
 __all__ = ["MultiTurnRollout", "MultiTurnOutput", "Trajectory", "multi_turn_metrics", "TRUNCATION_MARKER"]
