@@ -14,6 +14,16 @@ key                                           shape                             
 prompt_ids / prompt_mask                      [batch, prompt_len] left padded    int64 / bool
 response_ids / response_mask                  [batch, response_len] right pad    int64 / bool
 position_ids                                  [batch, prompt_len+response_len]  int64
+observation_mask (multi-turn only)            [batch, response_len] right pad    bool
+============================================  ================================  =============
+
+``observation_mask`` marks the response tokens a multi-turn rollout inserted between the model's
+turns (tool results, environment messages, end-of-turn tokens): real tokens the model attends to
+but is not trained on. Attention covers prompt_mask ‖ (response_mask | observation_mask).
+
+============================================  ================================  =============
+key                                           shape                             dtype
+============================================  ================================  =============
 rollout_log_probs, old_log_probs, ref_...     [batch, response_len]              float32 nats
 values, token_level_scores/rewards,
 advantages, returns                           [batch, response_len]              float32
@@ -45,6 +55,7 @@ KEY_DTYPES: dict[str, torch.dtype] = {
     "response_ids": torch.int64,
     "response_mask": torch.bool,
     "position_ids": torch.int64,
+    "observation_mask": torch.bool,
     "rollout_log_probs": torch.float32,
     "old_log_probs": torch.float32,
     "ref_log_probs": torch.float32,
@@ -56,6 +67,7 @@ KEY_DTYPES: dict[str, torch.dtype] = {
 }
 RESPONSE_KEYS = (
     "response_mask",
+    "observation_mask",
     "rollout_log_probs",
     "old_log_probs",
     "ref_log_probs",

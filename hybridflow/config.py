@@ -94,6 +94,37 @@ class DataConfig(_Section):
     drop_last: bool = Field(True, description="Drop the last incomplete step of an epoch.")
 
 
+# ---- multi-turn rollouts: tools and environments (issue 16) ------------------------------------
+ToolFormatName = Literal["hermes", "python"]
+
+
+class MultiTurnConfig(_Section):
+    """Limits of a multi-turn rollout (tools or an environment). See docs/agents.md."""
+
+    max_turns: int = Field(
+        4, ge=1, description="Most assistant turns per trajectory; the trajectory ends with finish reason 'max_turns'."
+    )
+    max_tokens_per_turn: int | None = Field(
+        None, gt=0, description="Most new tokens in one assistant turn (None = rollout.max_response_tokens); a turn "
+        "that reaches it ends (end-of-turn tokens appended as non-model tokens) and the environment still steps.",
+    )
+    max_observation_tokens: int = Field(
+        256, gt=0, description="Longest observation in tokens; longer ones lose their middle to a marker."
+    )
+    tool_timeout_s: float = Field(
+        10.0, gt=0, description="Wall-clock limit of one environment step / tool call (its process is killed)."
+    )
+    tool_format: ToolFormatName = Field(
+        "hermes", description="How the model writes a tool call: 'hermes' <tool_call>{json}</tool_call>, or "
+        "'python' a fenced python block that is executed (ToRL / ReTool style).",
+    )
+    num_workers: int = Field(2, gt=0, description="Processes executing tools and environment steps.")
+    system_prompt: str | None = Field(
+        None, description="A system message put first in every conversation (joined to the row's own system "
+        "message, if any) — e.g. one worked tool call. Not added where the environment's reset gives the messages.",
+    )
+
+
 class RolloutConfig(_Section):
     engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine: transformers (CPU/GPU) or vLLM (GPU).")
     samples_per_prompt: int = Field(4, gt=0, description="Responses sampled per prompt (the group size n).")
@@ -111,6 +142,20 @@ class RolloutConfig(_Section):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM KV-cache memory fraction.")
     val_temperature: float = Field(0.0, ge=0, description="Validation temperature; 0 = greedy.")
     val_samples_per_prompt: int = Field(1, gt=0, description="Validation samples per prompt (mean@k / pass@k).")
+    # ---- multi-turn (issue 16) ----
+    tools: list[str] = Field(
+        default_factory=list, description="Tools for multi-turn rollouts: 'pkg.mod:fn', 'path/file.py:fn' or a "
+        "built-in name (calculator, python); typed functions with docstrings. Empty = no tools.",
+    )
+    environment: str | None = Field(
+        None, description="Multi-turn environment: 'pkg.mod:Class', 'path/file.py:Class' or a registered name. "
+        "None with no tools = single-turn rollout.",
+    )
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig, description="Multi-turn limits.")
+
+    @property
+    def is_multi_turn(self) -> bool:
+        return bool(self.tools) or self.environment is not None
 
 
 class KLControlConfig(_Section):
@@ -285,6 +330,13 @@ class RewardConfig(_Section):
         3, gt=0,
         description="Stop the run after this many iterations in a row in which the reward failed on every "
         "row (raised, NaN/None, timed out or crashed): training on on_error scores alone teaches nothing.",
+    )
+    # ---- multi-turn environment rewards (issue 16) ----
+    combine: Literal["replace", "add"] = Field(
+        "replace",
+        description="Rows whose environment returned rewards (multi-turn): 'replace' = the score is the sum of "
+        "the environment's rewards; 'add' = that sum + the rule / custom / reward-model score. Rows without "
+        "environment rewards keep the rule score.",
     )
 
     @model_validator(mode="after")
@@ -465,6 +517,18 @@ class ExperimentConfig(_Section):
         if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
             raise ValueError("rollout.engine=vllm needs a GPU; trainer.device=cpu")
         return self
+
+    # ---- multi-turn rollouts (issue 16) ----
+    @model_validator(mode="after")
+    def _check_agents(self) -> ExperimentConfig:
+        if self.rollout.is_multi_turn:
+            from hybridflow.agents.checks import (
+                check_rollout_agents,  # imports the user's tools / environment
+            )
+
+            check_rollout_agents(self.rollout, self.trainer.plugins)
+        return self
+
 
 
 def _check_registry_name(key: str, name: str, kind: str, plugins: list[str]) -> None:

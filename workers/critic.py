@@ -21,6 +21,7 @@ from workers import checkpoint as C
 from workers import distributed as D
 from workers.dispatch import dispatch
 from workers.policy import check_versions_agree, copy_batch
+from workers.shared_prefix import attention_mask
 from workers.training import (
     MicroResult,
     Optimization,
@@ -38,7 +39,7 @@ def response_values(model: nn.Module, batch: Batch) -> Tensor:
     device = next(model.parameters()).device
     prompt_len = batch["prompt_ids"].shape[1]
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
-    attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to(device)
+    attn = attention_mask(batch).to(device)
     pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
     return model(input_ids=ids, attention_mask=attn, position_ids=pos)[:, prompt_len - 1 : -1].float()
 

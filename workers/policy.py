@@ -37,6 +37,7 @@ from workers import checkpoint as C
 from workers import distributed as D
 from workers import shared_prefix
 from workers.dispatch import dispatch
+from workers.rollout.multi_turn import MultiTurnRollout
 from workers.training import (
     MicroResult,
     Optimization,
@@ -155,6 +156,7 @@ class PolicyWorker:
         self.policy_loss = get_policy_loss(cfg.actor.policy_loss)
         self._gap: LogprobGap | None = None
         self._gap_before_step = 0
+        self._multi_turn = MultiTurnRollout.from_config(self.engine, self.tokenizer, cfg) if cfg.rollout.is_multi_turn else None
         self._sync_rollout_weights()
 
     def _optim_settings(self) -> OptimSettings:
@@ -214,13 +216,16 @@ class PolicyWorker:
         )
         self.engine.wake_up()
         try:
-            out = self.engine.generate(batch["prompt_ids"], batch["prompt_mask"], sampling)
+            if self._multi_turn is not None:  # tools / environment: workers/rollout/multi_turn.py
+                out = self._multi_turn.generate(batch, sampling)
+            else:
+                out = self.engine.generate(batch["prompt_ids"], batch["prompt_mask"], sampling)
         finally:
             self.engine.sleep()
         rows = batch.repeat_interleave(sampling.n)
-        for key, value in out.tensors().items():
-            rows.set(key, value.cpu())
-        attn = torch.cat([rows["prompt_mask"], rows["response_mask"]], 1)
+        for key, value in [*out.tensors().items(), *getattr(out, "non_tensors", {}).items()]:
+            rows.set(key, value.cpu() if isinstance(value, Tensor) else value)
+        attn = shared_prefix.attention_mask(rows)
         rows.set("position_ids", position_ids_from_mask(attn))
         lengths = rows["response_mask"].sum(-1)
         rows.set("finish_reason", list(out.finish_reason))
@@ -228,6 +233,7 @@ class PolicyWorker:
         rows.meta["weights_version"] = self.versions.weights_version
         n = 0 if is_padding(batch) else len(rows)  # a padding stand-in counts for nothing
         rows.meta["metrics"] = self._generation_metrics(lengths[:n], out.finish_reason[:n], time.perf_counter() - start)
+        rows.meta["metrics"].update(getattr(out, "metrics", {}))  # multi-turn: already without padding
         return rows
 
     def _generation_metrics(self, lengths: Tensor, finish: list[str], seconds: float) -> dict[str, float]:

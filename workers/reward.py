@@ -36,9 +36,9 @@ def place_scores(scores: list[float], response_mask: torch.Tensor) -> torch.Tens
     estimators ignore it). Example: mask [[T, T, F], [T, F, F]], scores [1, 0.5] →
     [[0, 1, 0], [0.5, 0, 0]].
     """
-    lengths = response_mask.sum(-1)
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (lengths - 1).clamp(min=0)
+    width = response_mask.shape[1]  # the last True index (multi-turn masks have gaps), 0 for none
+    last = torch.where(response_mask.any(-1), width - 1 - response_mask.flip(-1).int().argmax(-1), 0)
     out[torch.arange(len(scores)), last] = torch.tensor(scores, dtype=torch.float32)
     return out
 
@@ -94,6 +94,9 @@ class RewardWorker:
         texts = self.tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))],
                                             skip_special_tokens=True)
         n = len(batch)
+        if "messages" in batch:  # multi-turn: the final text is the last assistant turn
+            texts = [next((m["content"] for m in reversed(msgs) if m["role"] == "assistant"), t)
+                     for msgs, t in zip(batch["messages"], texts, strict=True)]  # fmt: skip
         prompts = batch.non_tensors.get("raw_prompt") or [""] * n
         truths = batch.non_tensors.get("ground_truth") or [None] * n
         extra = batch.non_tensors.get("extra_info") or [None] * n
@@ -137,6 +140,9 @@ class RewardWorker:
         if self.reward_model is not None:
             rm = self.reward_model.score(self._prompts(batch), [it.solution_str for it in items])
             scores = combine_scores(scores, rm.scores, self.cfg.reward.model.weight, self.cfg.reward.model.combine)
+        if "env_reward" in batch:  # multi-turn environments' summed rewards (reward.combine)
+            add = self.cfg.reward.combine == "add"
+            scores = [s if e is None else e + (s if add else 0.0) for s, e in zip(scores, batch["env_reward"], strict=True)]
         out = copy_batch(batch)
         out.set("token_level_scores", place_scores(scores, batch["response_mask"]))
         out.set("score", scores)

@@ -108,6 +108,15 @@ def shared_prompt_cache(model: nn.Module, prefix_ids: Tensor, prefix_mask: Tenso
     return {name: cache}
 
 
+def attention_mask(batch: Batch) -> Tensor:
+    """[B, P+R] bool: prompt_mask ‖ response_mask, plus ``observation_mask`` where a multi-turn
+    rollout set one (the model attends to its observation tokens; the loss does not count them)."""
+    response = batch["response_mask"]
+    if "observation_mask" in batch:
+        response = response | batch["observation_mask"]
+    return torch.cat([batch["prompt_mask"], response], 1)
+
+
 def response_logits(model: nn.Module, batch: Batch) -> Tensor:
     """[B, R, V] logits whose position t predicts ``response_ids[:, t]``, on the model's device.
 
@@ -120,7 +129,7 @@ def response_logits(model: nn.Module, batch: Batch) -> Tensor:
     device = next(model.parameters()).device
     p_len, r_len = batch["prompt_ids"].shape[1], batch["response_ids"].shape[1]
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
-    attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to(device)
+    attn = attention_mask(batch).to(device)
     pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
     groups = None
     if r_len > 0 and shares_prompts(model):
@@ -140,4 +149,4 @@ def response_logits(model: nn.Module, batch: Batch) -> Tensor:
     return logits[:, -(r_len + 1) : -1] if kwargs else logits[:, p_len - 1 : -1]
 
 
-__all__ = ["forward_kwargs", "prompt_groups", "response_logits", "shared_prompt_cache", "shares_prompts"]
+__all__ = ["attention_mask", "forward_kwargs", "prompt_groups", "response_logits", "shared_prompt_cache", "shares_prompts"]

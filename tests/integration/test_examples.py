@@ -46,6 +46,8 @@ CASES = {
     "reinforce_pp_arith.yaml": ("arith", ["actor/reward_kl_penalty"]),
     "dapo_countdown.yaml": ("countdown", ["filter_groups/kept_groups"]),
     "grpo_gsm8k.yaml": ("gsm8k", ["actor/kl_loss"]),
+    "grpo_arith_tool.yaml": ("arith", ["multi_turn/num_turns/mean", "tool/calls/mean", "tool/parse_errors",
+                                       "response_length/observation_tokens/mean"]),
 }
 
 
@@ -68,6 +70,8 @@ def test_example_trains_one_iteration(prefect_api, ray_cluster, task_files, tmp_
     })
     if own.algorithm.overlong_buffer.enable:  # the ramp must fit in the 8 tokens
         ov.append("algorithm.overlong_buffer.buffer_tokens=4")
+    if own.rollout.is_multi_turn:  # the per-turn budget must fit in the 8 tokens
+        ov.append("rollout.multi_turn.max_tokens_per_turn=4")
     if own.needs_critic:
         ov.append("placement.pools.critic.cpus_per_worker=0.5")
     summary = train(config_path=str(EXAMPLES / example), overrides=ov)
@@ -100,3 +104,22 @@ def test_reward_model_scores_in_the_reward_pool(prefect_api, ray_cluster, task_f
     assert metrics["reward/rm_score/min"] < metrics["reward/rm_score/max"]  # a real model: scores differ by text
     # the trajectory score is rule + 0.5·rm, averaged over the batch
     assert metrics["critic/score/mean"] == pytest.approx(rule + 0.5 * rm, abs=1e-5)
+
+
+def test_environment_config_trains_one_iteration(prefect_api, ray_cluster, task_files, tmp_path):
+    """rollout.environment: a user environment class (tests/unit/agent_fixtures.py) steps every
+    trajectory in the policy pool; its rewards are the trajectory scores (reward.combine=replace)."""
+    from flows.train import train
+
+    ov = tiny_overrides(str(tmp_path / "runs"), task_files["arith"], task_files["arith"], **{
+        "trainer.run_id": "environment", "trainer.total_iterations": "1",
+        "rollout.environment": "tests.unit.agent_fixtures:GuessEnv", "rollout.max_response_tokens": "48",
+        "rollout.multi_turn.max_turns": "2", "rollout.multi_turn.max_tokens_per_turn": "4",
+    })
+    summary = train(overrides=ov)
+    assert summary["iterations"] == 1
+    metrics = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["metrics"]
+    assert metrics["multi_turn/num_turns/max"] == 2 and metrics["response_length/observation_tokens/mean"] > 0
+    # GuessEnv gives -0.1 per wrong guess and +1 for the target 7: random tiny-model text scores in [-0.2, 1]
+    assert -0.2 - 1e-6 <= metrics["critic/score/mean"] <= 1.0 and metrics["critic/score/mean"] != 0
+    assert metrics["actor/weights_version"] == 1.0 or metrics.get("actor/update_skipped") == 1.0

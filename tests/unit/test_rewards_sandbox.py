@@ -3,6 +3,8 @@
 import os
 import time
 
+import pytest
+
 from hybridflow.rewards.sandbox import run_code
 
 
@@ -62,3 +64,63 @@ def test_no_network_when_isolation_is_available():
         assert res.stdout.strip() != ""
     unisolated = run_code(code, timeout_s=10, memory_mb=256, isolate_network=False)
     assert unisolated.network_isolated is False
+
+
+# ---- hardening: what model-written code tries (issue 16) ------------------------------------------
+def _run(code: str, **kw):
+    return run_code(code, timeout_s=kw.pop("timeout_s", 10), memory_mb=256, **kw)
+
+
+def test_root_only_files_are_unreadable_when_started_as_root(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    os.chmod(secret, 0o600)
+    res = _run(f"print(open({str(secret)!r}).read())")
+    if os.geteuid() == 0:
+        assert res.unprivileged and "PermissionError" in res.stderr and "s3cret" not in res.stdout
+    else:  # not root: the sandbox is this user, who owns the file
+        assert res.unprivileged and res.ok
+
+
+def test_cannot_write_outside_its_folder(tmp_path):
+    target = tmp_path / "planted.txt"
+    os.chmod(tmp_path, 0o755)
+    res = _run(f"open({str(target)!r}, 'w').write('x')")
+    if os.geteuid() == 0:
+        assert "PermissionError" in res.stderr and not target.exists()
+    res = _run("import os\nopen('mine.txt', 'w').write('x')\nprint(sorted(os.listdir('.')))")
+    assert res.ok and res.stdout.strip() == "['mine.txt']"  # its own folder starts empty and is writable
+
+
+def test_cannot_open_a_network_connection():
+    code = "import socket\ns = socket.create_connection(('127.0.0.1', 22), timeout=2)\nprint('connected')"
+    res = _run(code)
+    if not res.network_isolated:
+        pytest.skip("this kernel allows no network namespace: the sandbox documents that it has network here")
+    assert "connected" not in res.stdout and res.returncode != 0 and "OSError" in res.stderr
+
+
+def test_fork_bomb_is_cut_off_and_the_next_run_works():
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    start = time.monotonic()
+    res = _run(bomb, timeout_s=2)
+    assert not res.ok and time.monotonic() - start < 20
+    after = _run("print('alive')")
+    assert after.ok and after.stdout == "alive\n"
+
+
+def test_filling_the_disk_is_cut_off():
+    code = "f = open('big', 'wb')\nwhile True:\n    f.write(b'x' * (1 << 20))"
+    res = _run(code, max_output_bytes=8 << 20)
+    assert not res.ok and not res.timed_out  # SIGXFSZ at the file-size limit (or ENOSPC on the tmpfs)
+    many = "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (4 << 20)); i += 1"
+    res = _run(many, max_output_bytes=8 << 20, timeout_s=5)
+    assert not res.ok
+
+
+def test_environment_is_clean(monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///x.db")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "k")
+    res = _run("import os\nprint(sorted(os.environ))")
+    assert res.ok and res.stdout.strip() == "['HOME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE']"

@@ -55,3 +55,25 @@ def test_reward_failure_is_counted_not_raised(worker):
     assert out["reward_failure"] == [None, "error"]
     assert out.meta["metrics"]["reward/errors"] == 1.0
     assert len(out.meta["logs"]) == 1 and "row 1" in out.meta["logs"][0]
+
+
+def test_place_scores_on_last_model_token_of_a_multi_turn_mask():
+    # model turn | observation | model turn | padding: the score goes on column 4, not on mask.sum() - 1 = 2
+    mask = torch.tensor([[True, True, False, False, True, False]])
+    assert place_scores([2.0], mask)[0].tolist() == [0.0, 0.0, 0.0, 0.0, 2.0, 0.0]
+
+
+def test_multi_turn_rows_env_reward_and_final_turn(worker):
+    # rows 0/1 carry environment rewards, row 2 none; the rule reward scores the last assistant turn
+    batch = _batch(worker.tokenizer, ["<call>", "<call>", "<call>"], ["5", "5", "5"])
+    msgs = [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "<call>"},
+             {"role": "tool", "content": "5"}, {"role": "assistant", "content": f"it is {a}"}] for a in (5, 4, 5)]
+    batch.set("messages", msgs)
+    batch.set("env_reward", [0.5, -1.0, None])
+    out = worker.compute_rewards(batch)
+    assert out["score"] == [0.5, -1.0, 1.0]  # reward.combine='replace'; row 2: the rule score of "it is 5"
+    added = RewardWorker(tiny_cfg("reward.combine=add"))
+    try:
+        assert added.compute_rewards(batch)["score"] == [1.5, -1.0, 1.0]  # env + rule (1, 0, 1)
+    finally:
+        added.close()

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from hybridflow.algorithms.sequences import response_mask_from_ids
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "max_turns", "env_done", "env_error"]  # the last three: multi-turn
 NamedTensors = Iterable[tuple[str, Tensor]] | Mapping[str, Tensor]
 
 

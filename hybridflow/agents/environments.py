@@ -1,0 +1,164 @@
+"""Environments for multi-turn rollouts: plain classes with ``reset`` and ``step``, no base class.
+
+One instance per trajectory, built as ``Class(**row["extra_info"].get("env_kwargs", {}))``:
+
+- ``reset(row) -> list[dict] | None``: chat messages to start the conversation from (None keeps
+  the row's prompt). ``row`` has prompt (the chat messages), data_source, ground_truth,
+  extra_info and uid.
+- ``step(assistant_text) -> (observation, reward, done)`` or a :class:`StepResult`: observation
+  is a string (sent as a user message), a list of chat messages or None; reward a float or None;
+  done a bool. ``reset`` and ``step`` may be ``async def``.
+
+Built-in environments register by name (:func:`register_environment`); ``rollout.environment``
+is a registered name or a ``"pkg.mod:Class"`` / ``"path/file.py:Class"`` spec, and a row's
+``extra_info["agent_name"]`` picks a registered environment for that row. The tools form is the
+built-in environment ``tools`` (:class:`ToolEnvironment`). Environments must pickle (their state
+travels between the processes that execute steps, see :mod:`hybridflow.agents.remote`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.agents.formats import ToolParseError, get_tool_format
+from hybridflow.agents.loading import AgentLoadError, is_spec, load_object
+
+Messages = list[dict[str, Any]]
+
+
+@dataclass
+class StepResult:
+    """What ``step`` returns: observation (str | messages | None), reward (float | None), done, info."""
+
+    observation: str | Messages | None = None
+    reward: float | None = None
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+_ENVIRONMENTS: dict[str, Callable[..., Any]] = {}
+
+
+def register_environment(name: str) -> Callable[[type], type]:
+    """Class decorator: make an environment selectable by ``name`` (config or ``agent_name``)."""
+
+    def deco(cls: type) -> type:
+        if name in _ENVIRONMENTS:
+            raise ValueError(f"environment {name!r} is already registered")
+        _ENVIRONMENTS[name] = cls
+        return cls
+
+    return deco
+
+
+def environment_names() -> list[str]:
+    return sorted(_ENVIRONMENTS)
+
+
+def load_environment(spec: str, key: str = "rollout.environment") -> Callable[..., Any]:
+    """The environment class for a registered name or a spec; AgentLoadError names ``key``."""
+    if spec in _ENVIRONMENTS:
+        return _ENVIRONMENTS[spec]
+    if not is_spec(spec):
+        raise AgentLoadError(f"{key}={spec!r}: unknown environment; registered: {', '.join(environment_names())}, "
+                             "or 'pkg.mod:Class' / 'path/file.py:Class'")  # fmt: skip
+    cls = load_object(spec, key)
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing or not callable(cls):
+        raise AgentLoadError(f"{key}={spec!r}: an environment needs reset(row) and step(text); missing {missing}")
+    return cls
+
+
+def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call ``fn``; run the coroutine to completion when it is ``async``."""
+    out = fn(*args)
+    return asyncio.run(out) if inspect.isawaitable(out) else out
+
+
+def normalise_step(out: Any) -> StepResult:
+    """A ``step`` return value → StepResult; TypeError with a one-line reason when malformed."""
+    if isinstance(out, StepResult):
+        res = out
+    elif isinstance(out, tuple) and len(out) in (3, 4):
+        res = StepResult(*out) if len(out) == 3 else StepResult(out[0], out[1], out[2], dict(out[3] or {}))
+    else:
+        raise TypeError(f"step returned {type(out).__name__}; expected (observation, reward, done) or StepResult")
+    if res.observation is not None and not isinstance(res.observation, str | list):
+        raise TypeError(f"step's observation is a {type(res.observation).__name__}; expected str, messages or None")
+    if res.reward is not None:
+        res.reward = float(res.reward)
+    res.done = bool(res.done)
+    return res
+
+
+@register_environment("tools")
+class ToolEnvironment:
+    """The tools form as an environment: each assistant turn's tool calls are run and their
+    results come back as ``tool`` messages; a turn without a call ends the trajectory (done).
+
+    tools: the ``rollout.tools`` specs; tool_format: a registered format name; python_timeout_s:
+    the built-in ``python`` tool's limit. Malformed calls, unknown tools and tools that raise give
+    an error observation (counted in info: parse_errors, tool_errors; calls per tool in tool_calls).
+    Reward is always None (the rule reward scores the final answer).
+    """
+
+    def __init__(self, tools: list[str], tool_format: str = "hermes", python_timeout_s: float = 5.0) -> None:
+        self.tool_specs = list(tools)
+        self.tool_format = tool_format
+        self.python_timeout_s = python_timeout_s
+
+    def reset(self, row: dict[str, Any]) -> None:
+        return None
+
+    def step(self, text: str) -> StepResult:
+        from hybridflow.agents import tools as tool_mod
+
+        tool_mod.PYTHON_TOOL_TIMEOUT_S = self.python_timeout_s
+        tools = _cached_tools(tuple(self.tool_specs))
+        try:
+            calls = get_tool_format(self.tool_format).parse(text)
+        except ToolParseError as e:
+            msg = f"could not parse the tool call: {e}"
+            return StepResult([{"role": "tool", "name": "error", "content": msg}], None, False, {"parse_errors": 1})
+        if not calls:
+            return StepResult(None, None, True, {})
+        counts: Counter[str] = Counter()
+        errors = 0
+        messages = []
+        for call in calls:
+            counts[call.name] += 1
+            tool = tools.get(call.name)
+            if tool is None:
+                errors += 1
+                content = f"error: unknown tool {call.name!r}; tools: {', '.join(tools)}"
+            else:
+                try:
+                    content = str(tool(**call.arguments))
+                except Exception as e:  # noqa: BLE001 - a tool's failure is the model's observation
+                    errors += 1
+                    content = f"error: {call.name} raised {type(e).__name__}: {str(e)[:200]}"
+            messages.append({"role": "tool", "name": call.name, "content": content})
+        return StepResult(messages, None, False, {"tool_calls": dict(counts), "tool_errors": errors})
+
+
+_TOOL_CACHE: dict[tuple[str, ...], dict[str, Callable[..., Any]]] = {}
+
+
+def _cached_tools(specs: tuple[str, ...]) -> dict[str, Any]:
+    if specs not in _TOOL_CACHE:
+        from hybridflow.agents.tools import load_tool_function
+
+        fns = [load_tool_function(spec, f"rollout.tools[{i}]") for i, spec in enumerate(specs)]
+        _TOOL_CACHE[specs] = {fn.__name__: fn for fn in fns}
+    return _TOOL_CACHE[specs]
+
+
+__all__ = [
+    "StepResult", "ToolEnvironment", "register_environment", "environment_names", "load_environment",
+    "normalise_step", "call_maybe_async",
+]  # fmt: skip

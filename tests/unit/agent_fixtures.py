@@ -1,0 +1,87 @@
+"""Tools and environments the multi-turn tests load by spec (tests.unit.agent_fixtures:...)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from hybridflow.agents import StepResult
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+
+
+def boom(x: int) -> str:
+    """Always raises.
+
+    Args:
+        x: Ignored.
+    """
+    raise RuntimeError("boom")
+
+
+def hang(x: int) -> str:
+    """Never returns.
+
+    Args:
+        x: Ignored.
+    """
+    time.sleep(3600)
+    return ""
+
+
+def die(x: int) -> str:
+    """Kills its process.
+
+    Args:
+        x: Ignored.
+    """
+    os._exit(3)
+
+
+def no_doc(x: int) -> int:
+    return x
+
+
+class GuessEnv:
+    """Guess a number: reward 1 and done on the right guess, else 'higher' / 'lower' as observation."""
+
+    def __init__(self, target: int = 7) -> None:
+        self.target = target
+        self.guesses = 0
+
+    def reset(self, row):
+        return None
+
+    def step(self, text: str):
+        self.guesses += 1
+        digits = "".join(c for c in text if c.isdigit())
+        if digits and int(digits) == self.target:
+            return "correct", 1.0, True
+        hint = "higher" if not digits or int(digits) < self.target else "lower"
+        return StepResult(hint, -0.1, False, {"guesses": self.guesses})
+
+
+class AsyncEchoEnv:
+    """Async reset (starts from its own messages) and step; never done."""
+
+    async def reset(self, row):
+        return [{"role": "user", "content": "echo"}]
+
+    async def step(self, text: str):
+        return f"echo:{text[:4]}", 0.5, False
+
+
+class BrokenEnv:
+    def reset(self, row):
+        return None
+
+    def step(self, text: str):
+        raise ValueError("the environment broke")

@@ -1,0 +1,321 @@
+"""The multi-turn rollout loop: tools and environments, token in, token out (docs/agents.md).
+
+A trajectory is one batch row. ``response_ids`` holds everything after the conversation's start:
+the model's turns *and* the observations between them; ``response_mask`` is True only on the
+model's tokens (which keep the engine's log-probs), ``observation_mask`` on the inserted ones. Each round generates the next turn of every live trajectory in one engine call (rows at
+different turns share it; finished ones leave), then steps their environments in the process
+pool (:class:`hybridflow.agents.remote.EnvRunner`) and appends the rendered observations as ids.
+Nothing already in a trajectory is decoded and re-tokenized.
+
+Generation re-prefills each trajectory's whole sequence every turn through the engine's own
+``generate`` (token-id prompts), so the loop drives any engine (hf, vllm); the KV cache is not
+carried across turns.
+
+Limits (``rollout.multi_turn``): ``max_turns`` assistant turns; ``max_tokens_per_turn`` ends a
+turn (the template's end-of-turn tokens are appended as non-model tokens) and the environment
+still steps; ``max_observation_tokens`` (cut in the middle); the whole response within
+``rollout.max_response_tokens``. Finish reasons: stop (the model answered without a tool call,
+tools form), env_done (the environment said done), max_turns, length (the budget ran out),
+env_error (the environment's reset/step raised, hung or crashed; a failing *tool* is only an
+error observation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hybridflow.agents.checks import TOOLS_ENVIRONMENT, environment_spec
+from hybridflow.agents.render import ChatRenderer, truncate_middle
+from hybridflow.batch import is_padding
+from workers.rollout.base import RolloutOutput, SamplingParams, right_pad
+
+TRUNCATION_MARKER = "\n...[truncated]...\n"
+
+
+@dataclass
+class Trajectory:
+    """One conversation in progress. ids/mask/logp: the response so far (mask True = model token)."""
+
+    prompt: list[int]
+    env: str
+    messages: list[dict[str, Any]]
+    extra_info: dict[str, Any] | None = None
+    state: str | None = None
+    ids: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    logp: list[float] = field(default_factory=list)
+    turns: int = 0
+    finish: str | None = None
+    reward: float | None = None
+    observation_tokens: int = 0
+    turn_tail: list[int] = field(default_factory=list)  # end-of-turn ids the model did not write
+    tool_calls: Counter[str] = field(default_factory=Counter)
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    parse_errors: int = 0
+
+    def append(self, ids: list[int], model: bool, logp: list[float] | None = None) -> None:
+        self.ids += ids
+        self.mask += [model] * len(ids)
+        self.logp += logp if logp is not None else [0.0] * len(ids)
+
+
+@dataclass
+class MultiTurnOutput(RolloutOutput):
+    """RolloutOutput plus what a multi-turn rollout adds: prompt_ids/prompt_mask (the conversation
+    starts, which an environment's reset may change), observation_mask [B, R], per-row non-tensors
+    (env_reward, num_turns, messages, and raw_prompt / extra_info with ``extra_info["messages"]``,
+    the conversation the reward functions see) and metrics."""
+
+    prompt_ids: Tensor | None = None
+    prompt_mask: Tensor | None = None
+    observation_mask: Tensor | None = None
+    non_tensors: dict[str, list[Any]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The response tensors plus prompt_ids, prompt_mask (the conversation starts) and observation_mask."""
+        extra = {"prompt_ids": self.prompt_ids, "prompt_mask": self.prompt_mask, "observation_mask": self.observation_mask}
+        return {**super().tensors(), **{k: v for k, v in extra.items() if v is not None}}
+
+
+class MultiTurnRollout:
+    """Drives ``engine`` through multi-turn conversations.
+
+    engine: a RolloutEngine; tokenizer: with a chat template; rollout_cfg: the RolloutConfig;
+    runner: an EnvRunner (the process pool executing reset/step).
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any, rollout_cfg: Any, runner: Any) -> None:
+        from hybridflow.agents.tools import load_tools
+
+        self.engine, self.tokenizer, self.cfg, self.runner = engine, tokenizer, rollout_cfg, runner
+        self.mt = rollout_cfg.multi_turn
+        self.renderer = ChatRenderer(tokenizer)
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.default_env = environment_spec(rollout_cfg)
+        tools = load_tools(rollout_cfg.tools) if rollout_cfg.tools else {}
+        self.tool_schemas = [t.schema for t in tools.values()]
+        self.tool_names = list(tools)
+        self.marker_ids = list(tokenizer(TRUNCATION_MARKER, add_special_tokens=False)["input_ids"])
+        self.per_turn = self.mt.max_tokens_per_turn or rollout_cfg.max_response_tokens
+
+    @classmethod
+    def from_config(cls, engine: Any, tokenizer: Any, cfg: Any) -> MultiTurnRollout:
+        """For an ExperimentConfig: an EnvRunner of ``rollout.multi_turn.num_workers`` processes."""
+        from hybridflow.agents.remote import EnvRunner
+
+        mt = cfg.rollout.multi_turn
+        return cls(engine, tokenizer, cfg.rollout, EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins))
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def generate(self, batch: Any, sampling: SamplingParams) -> MultiTurnOutput:
+        """Batch of B prompts (prompt_ids/prompt_mask + raw_chat, extra_info, ... non-tensors) →
+        B*n trajectories, prompt-major. ``sampling.max_new_tokens`` is the whole response budget."""
+        trajs = self._start(batch, sampling.n)
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        round_ = 0
+        while live := [t for t in trajs if t.finish is None]:
+            self._generate_turn(live, dataclasses.replace(sampling, n=1, seed=seed + 7919 * round_),
+                                sampling.max_new_tokens)  # fmt: skip
+            stepping = [t for t in live if t.finish is None]
+            outcomes = self.runner.run([self._step_request(t, t.messages[-1]["content"]) for t in stepping])
+            for t, outcome in zip(stepping, outcomes, strict=True):
+                self._after_step(t, outcome, sampling.max_new_tokens)
+            round_ += 1
+        return self._output(trajs, counted=not (hasattr(batch, "meta") and is_padding(batch)))
+
+    def _start(self, batch: Any, n: int) -> list[Trajectory]:
+        """One Trajectory per (prompt, sample); the environments' reset runs here."""
+        trajs, rows = [], []
+        for i in range(len(batch)):
+            row = {k: batch[k][i] for k in ("uid", "data_source", "ground_truth", "extra_info") if k in batch}
+            row["prompt"] = batch["raw_chat"][i] if "raw_chat" in batch else None
+            env = (row.get("extra_info") or {}).get("agent_name") or self.default_env
+            prompt = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
+            for _ in range(n):
+                trajs.append(Trajectory(prompt, env, list(row["prompt"] or []), row.get("extra_info")))
+                rows.append(row)
+        outcomes = self.runner.run([self._reset_request(t, r) for t, r in zip(trajs, rows, strict=True)])
+        for t, (status, value) in zip(trajs, outcomes, strict=True):
+            if status != "ok":
+                t.finish = "env_error"
+                continue
+            t.state = value["state"]
+            if value["messages"] is not None:
+                t.messages = list(value["messages"])
+                t.prompt = self.renderer.prompt_ids(t.messages)
+            elif t.messages and (self.mt.system_prompt or self._schemas_for(t)):
+                t.messages = _with_system(t.messages, self.mt.system_prompt)
+                t.prompt = self._prompt_with_tools(t.messages, self._schemas_for(t))
+        return trajs
+
+    def _schemas_for(self, t: Trajectory) -> list[dict[str, Any]]:
+        """The tool schemas the prompt shows: hermes-format tools only (python blocks need none)."""
+        hermes = t.env == TOOLS_ENVIRONMENT and self.mt.tool_format == "hermes"
+        return self.tool_schemas if hermes else []
+
+    def _prompt_with_tools(self, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> list[int]:
+        """The prompt with the tool schemas: through the template's ``tools=`` when it takes them,
+        else as a system message written by the tool format."""
+        if schemas and self.renderer.supports_tools:
+            return self.renderer.prompt_ids(messages, tools=schemas)
+        if schemas:
+            from hybridflow.agents.formats import get_tool_format
+
+            messages = _with_system(messages, get_tool_format(self.mt.tool_format).system_prompt(schemas))
+        return self.renderer.prompt_ids(messages)
+
+    def _generate_turn(self, live: list[Trajectory], sampling: SamplingParams, budget: int) -> None:
+        """One engine call for the next turn of every live trajectory; appends the model tokens."""
+        caps = [min(self.per_turn, budget - len(t.ids)) for t in live]
+        seqs = [torch.tensor(t.prompt + t.ids, dtype=torch.int64) for t in live]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(live), width), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(live), width), dtype=torch.bool)
+        for r, s in enumerate(seqs):
+            ids[r, width - len(s) :], mask[r, width - len(s) :] = s, True
+        out = self.engine.generate(ids, mask, dataclasses.replace(sampling, max_new_tokens=max(caps)))
+        for r, (t, cap) in enumerate(zip(live, caps, strict=True)):
+            m = out.response_mask[r]
+            new = out.response_ids[r][m].tolist()[:cap]
+            stopped = out.finish_reason[r] == "stop" and int(m.sum()) <= cap
+            t.append(new, True, out.rollout_log_probs[r][m].tolist()[:cap])
+            t.turns += 1
+            t.messages.append({"role": "assistant", "content": self.tokenizer.decode(new, skip_special_tokens=True)})
+            eot = self.renderer.end_of_turn_ids
+            t.turn_tail = eot[1:] if stopped and new[-1:] == eot[:1] else eot  # closes the turn if it goes on
+            if len(t.ids) >= budget:
+                t.finish = "length"
+
+    def _after_step(self, t: Trajectory, outcome: tuple[str, Any], budget: int) -> None:
+        """Record the step's result; end the trajectory or append the observation's tokens."""
+        status, value = outcome
+        observation: Any = None
+        if status == "ok":
+            t.state = value["state"]
+            if value["reward"] is not None:
+                t.reward = (t.reward or 0.0) + value["reward"]
+            self._count(t, value["info"])
+            if value["done"]:
+                t.finish = "stop" if t.env == TOOLS_ENVIRONMENT else "env_done"
+                return
+            observation = value["observation"]
+        elif t.env == TOOLS_ENVIRONMENT:  # a tool hung or killed its process: the model hears of it
+            t.tool_timeouts += status == "timeout"
+            t.tool_errors += status != "timeout"
+            observation = [{"role": "tool", "name": "error", "content": f"error: the tool call failed ({value})"}]
+        else:
+            t.finish = "env_error"
+            return
+        if t.turns >= self.mt.max_turns:
+            t.finish = "max_turns"
+            return
+        messages = [{"role": "user", "content": observation}] if isinstance(observation, str) else observation or []
+        obs_ids = truncate_middle(self.renderer.observation_ids(messages), self.mt.max_observation_tokens,
+                                  self.marker_ids)  # fmt: skip
+        if len(t.ids) + len(t.turn_tail) + len(obs_ids) >= budget:  # no room left for another model token
+            t.finish = "length"
+            return
+        t.messages += messages
+        t.observation_tokens += len(obs_ids)
+        t.append([*t.turn_tail, *obs_ids], False)
+
+    @staticmethod
+    def _count(t: Trajectory, info: dict[str, Any]) -> None:
+        t.tool_calls.update(info.get("tool_calls", {}))
+        t.tool_errors += int(info.get("tool_errors", 0))
+        t.parse_errors += int(info.get("parse_errors", 0))
+
+    # ---- requests to the environment pool ------------------------------------------------------
+    def _reset_request(self, t: Trajectory, row: dict[str, Any]) -> dict[str, Any]:
+        if t.env == TOOLS_ENVIRONMENT:
+            kwargs = {"tools": list(self.cfg.tools), "tool_format": self.mt.tool_format,
+                      "python_timeout_s": max(0.5, 0.75 * self.mt.tool_timeout_s)}  # fmt: skip
+        else:
+            kwargs = dict((row.get("extra_info") or {}).get("env_kwargs", {}))
+        return {"op": "reset", "env": t.env, "kwargs": kwargs, "row": row}
+
+    @staticmethod
+    def _step_request(t: Trajectory, text: str) -> dict[str, Any]:
+        return {"op": "step", "env": t.env, "state": t.state, "text": text}
+
+    # ---- output --------------------------------------------------------------------------------
+    def _output(self, trajs: list[Trajectory], counted: bool = True) -> MultiTurnOutput:
+        """``counted`` False for a data-parallel padding stand-in: its trajectories join the
+        metrics' all-reduce with nothing (workers/dispatch.py)."""
+        width = max(1, max(len(t.ids) for t in trajs))
+        rows = [torch.tensor([t.ids], dtype=torch.int64).reshape(1, -1) for t in trajs]
+        ids = right_pad(rows, self.pad_id, width)
+        mask = right_pad([torch.tensor([t.mask], dtype=torch.bool).reshape(1, -1) for t in trajs], False, width)
+        real = right_pad([torch.ones((1, len(t.ids)), dtype=torch.bool) for t in trajs], False, width)
+        logp = right_pad([torch.tensor([t.logp], dtype=torch.float32).reshape(1, -1) for t in trajs], 0.0, width)
+        p_width = max(len(t.prompt) for t in trajs)
+        p_ids = torch.full((len(trajs), p_width), self.pad_id, dtype=torch.int64)
+        p_mask = torch.zeros((len(trajs), p_width), dtype=torch.bool)
+        for r, t in enumerate(trajs):
+            p_ids[r, p_width - len(t.prompt) :] = torch.tensor(t.prompt, dtype=torch.int64)
+            p_mask[r, p_width - len(t.prompt) :] = True
+        non_tensors = {
+            "env_reward": [t.reward for t in trajs],
+            "num_turns": [t.turns for t in trajs],
+            "messages": [t.messages for t in trajs],
+            "raw_prompt": [self.tokenizer.decode(t.prompt) for t in trajs],
+            "extra_info": [{**(t.extra_info or {}), "messages": t.messages} for t in trajs],
+        }
+        return MultiTurnOutput(
+            ids, mask, logp, [t.finish or "length" for t in trajs], prompt_ids=p_ids, prompt_mask=p_mask,
+            observation_mask=real & ~mask, non_tensors=non_tensors, metrics=multi_turn_metrics(trajs if counted else [], self.tool_names),
+        )  # fmt: skip
+
+
+def _with_system(messages: list[dict[str, Any]], text: str | None) -> list[dict[str, Any]]:
+    """``messages`` with ``text`` as (the end of) the leading system message."""
+    if not text:
+        return list(messages)
+    if messages and messages[0].get("role") == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> dict[str, float]:
+    """multi_turn/num_turns/{mean,max}, multi_turn/finish/<reason> (fractions), tool/calls/mean,
+    tool/<name>/calls (for ``tool_names``), tool/errors, tool/timeouts, tool/parse_errors (counts),
+    env/errors, response_length/observation_tokens/mean — over the trajectories of every rank
+    (summed / maxed across a data-parallel group, like the policy's other generation metrics)."""
+    from workers import distributed as D
+
+    reasons = ("stop", "length", "max_turns", "env_done", "env_error")
+    calls: Counter[str] = Counter()
+    for t in trajs:
+        calls.update(t.tool_calls)
+    local = [float(len(trajs)), sum(t.turns for t in trajs), sum(calls.values()), sum(t.tool_errors for t in trajs),
+             sum(t.tool_timeouts for t in trajs), sum(t.parse_errors for t in trajs),
+             sum(t.observation_tokens for t in trajs), *(sum(t.finish == r for t in trajs) for r in reasons),
+             *(calls[name] for name in tool_names)]  # fmt: skip
+    sums = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
+    top = float(D.all_reduce_max(torch.tensor([max((t.turns for t in trajs), default=0)], dtype=torch.float64))[0])
+    n = max(sums[0], 1.0)
+    out = {
+        "multi_turn/num_turns/mean": sums[1] / n,
+        "multi_turn/num_turns/max": top,
+        "tool/calls/mean": sums[2] / n,
+        "tool/errors": sums[3],
+        "tool/timeouts": sums[4],
+        "tool/parse_errors": sums[5],
+        "response_length/observation_tokens/mean": sums[6] / n,
+        "env/errors": sums[7 + reasons.index("env_error")],
+    }
+    for i, reason in enumerate(reasons):
+        out[f"multi_turn/finish/{reason}"] = sums[7 + i] / n
+    for i, name in enumerate(tool_names):
+        out[f"tool/{name}/calls"] = sums[7 + len(reasons) + i]
+    return out
+
+__all__ = ["MultiTurnRollout", "MultiTurnOutput", "Trajectory", "multi_turn_metrics", "TRUNCATION_MARKER"]
