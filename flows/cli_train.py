@@ -111,7 +111,8 @@ def _preflight(cfg, resume: str | None) -> None:
 @contextmanager
 def owned_run_dir(cfg, resume: str | None, *, apply_overrides: bool = False):
     """Lock the run directory for this command's lifetime (``flows.run_lock``) before any server
-    starts, and yield the config to run. A second start of the same ``trainer.run_id``, or a
+    starts, and yield ``(config to run, run directory to resume or None)`` (``trainer.resume: auto``
+    without ``--resume`` resolves to the latest run here). A second start of the same ``trainer.run_id``, or a
     ``--resume`` of a folder a live run holds, is a RunLockedError (one line, exit 2); a new run
     whose folder already holds a run is a PreflightError. A new run without ``trainer.run_id``
     gets its generated name fixed in the config, so the flow opens the folder locked here. On
@@ -138,7 +139,7 @@ def owned_run_dir(cfg, resume: str | None, *, apply_overrides: bool = False):
             from flows.resume_config import reconcile_resume_config
 
             cfg = reconcile_resume_config(cfg, run_dir, apply=apply_overrides)
-        yield cfg
+        yield cfg, (str(run_dir) if reopen else None)
     finally:
         release_run_lock(run_dir, remove_empty_dir=not reopen)
 
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     stop_on_sigterm()
     cfg, resume = _load(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    with owned_run_dir(cfg, resume, apply_overrides=args.override) as cfg:  # one run per folder, before any server
+    with owned_run_dir(cfg, resume, apply_overrides=args.override) as (cfg, resume):  # one run per folder
         _preflight(cfg, resume)  # data, model, reward function, run dir: before any server starts
         try:
             return _train_with_servers(args, cfg, resume)

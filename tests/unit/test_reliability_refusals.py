@@ -95,3 +95,10 @@ def test_estimators_without_a_group_baseline_accept_one_sample():
                                                            "gae", "reinforce_plus_plus", "remax")} == {
         "grpo": 2, "rloo": 2, "opo": 2, "reinforce_plus_plus_baseline": 2, "gae": 1, "reinforce_plus_plus": 1,
         "remax": 1}
+
+
+def test_resume_auto_in_the_config_is_checked_like_resume(saved_run, tmp_path, good_data, capsys, no_servers):  # noqa: F811
+    """``trainer.resume=auto`` (no --resume) picks the latest run before any server starts: the same
+    lock and the same override rule apply to it."""
+    code, err = run_cli(args_for(tmp_path, good_data, **{"trainer.resume": "auto", "actor.lr": "0.5"}), capsys)
+    assert code == 2 and f"--resume {saved_run}: actor.lr=0.5 (saved: 1e-06)" in _one_line(err)
