@@ -194,6 +194,7 @@ def check_placement(cfg) -> None:
     from workers.placement import check_pool_fits_cluster
 
     ensure_ray(cfg)
+    stop_on_sigterm()  # ray.init installs its own SIGTERM handler, which aborts the driver (exit -6)
     for name, pool_cfg in cfg.placement.pools.items():
         check_pool_fits_cluster(name, pool_cfg)
 
