@@ -37,8 +37,9 @@ def match_answer(response: str) -> str | None:
     if not lines:
         return None
     line = lines[0] if markers else lines[-1]
-    cut = max(line.rfind("="), line.rfind(" is ") + len(" is ") - 1 if " is " in line else -1)
-    answer = line[cut + 1 :] if cut >= 0 else line
+    eq, is_ = line.rfind("="), line.rfind(" is ")
+    start = max(eq + 1 if eq >= 0 else 0, is_ + len(" is ") if is_ >= 0 else 0)
+    answer = line[start:]
     return answer.strip().strip("$").rstrip(".").strip() or None
 
 
@@ -48,10 +49,14 @@ def prime_equal(answer: str | None, ground_truth: str) -> bool:
         return False
     if grade_answer(answer, ground_truth):
         return True
-    if "\\pi" in answer or "\\pi" in ground_truth:
-        return any(math_equal(answer.replace("\\pi", pi), ground_truth.replace("\\pi", pi))
-                   for pi in (r"\cdot 3.141592653589793", r"\cdot 3.14")) or math_equal(answer, ground_truth)  # fmt: skip
-    return math_equal(answer, ground_truth)
+    if math_equal(answer, ground_truth):
+        return True
+    if "\\pi" not in answer and "\\pi" not in ground_truth:
+        return False
+    for pi in (r"\cdot 3.141592653589793", r"\cdot 3.14"):  # PRIME also tries π = 3.14
+        if math_equal(answer.replace("\\pi", pi), ground_truth.replace("\\pi", pi)):
+            return True
+    return False
 
 
 @register_reward(*NUMINA_SOURCES)

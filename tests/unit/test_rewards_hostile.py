@@ -33,6 +33,7 @@ HOSTILE = {
     "many boxes": "\\boxed{1}" * 20_000 + "\\boxed{3}",
     "python payload": "\\boxed{__import__('os').system('true')}",
     "hash bomb": "#### " + "9" * 100_000,
+    "think tags": "<think>" + "</think>" * 100_000,
 }
 SOURCES = ["lighteval/MATH", "math_dapo", "numina_olympiads", "hiyouga/geometry3k", "gsm8k", "arith"]
 TRUTH = "3"
@@ -123,3 +124,16 @@ def test_code_that_crashes_scores_zero(code):
     cfg = RewardConfig(code_case_timeout_s=5.0, timeout_s=30.0, sandbox_memory_mb=256)
     out = default_compute_score("codeforces", f"```python\n{code}\n```", CODE_TESTS, reward_cfg=cfg)
     assert out["score"] == 0.0 and out["parsed"] is True
+
+
+@pytest.mark.timeout(60)
+def test_tag_scanners_stay_linear():
+    # a regex scan for <answer>(.*?)</answer> or verl's <think>.*</think>.*\boxed{.*}.* backtracks
+    # quadratically here (measured: 60 s for 20k unclosed tags before the fix)
+    start = time.monotonic()
+    gt = {"target": 16, "numbers": [3, 5, 2]}
+    assert default_compute_score("countdown", "<answer>" * 100_000, gt)["parsed"] is False
+    assert default_compute_score("searchR1_nq", "<answer>" * 100_000, {"target": ["x"]})["score"] == 0.0
+    assert default_compute_score("hiyouga/geometry3k", "<think>" + "</think>" * 100_000 + "\\boxed{3", "3")[
+        "score"] == 0.0  # fmt: skip
+    assert time.monotonic() - start < 2.0
