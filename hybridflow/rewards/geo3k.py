@@ -2,8 +2,8 @@
 
 ``score = 0.9·acc + 0.1·format``: acc is 1.0 when the content of the LAST ``\\boxed{}``/``\\fbox{}``
 is equivalent to the ground truth by PRM800K's grader
-(:func:`~hybridflow.rewards.grading.grade_answer`, the grader that verl's ``mathruler`` also
-implements); format is 1.0 when the response is ``<think>…</think>`` followed by a ``\\boxed{…}``
+(:func:`~hybridflow.rewards.grading.grade_answer`, in place of verl's ``mathruler.grade_answer``,
+a package hybridflow does not depend on); format is 1.0 when the response is ``<think>…</think>`` followed by a ``\\boxed{…}``
 (verl's regex). Scores are 0.0, 0.1, 0.9 or 1.0. This 0.1 is verl's own shaping, separate from
 hybridflow's ``reward.format_weight``.
 """

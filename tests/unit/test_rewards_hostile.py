@@ -54,7 +54,7 @@ def test_hostile_answers_are_wrong_answers_within_the_timeout():
         else:  # a wrong answer: DAPO's -1, everyone else's 0
             want = -1.0 if item.data_source == "math_dapo" else 0.0
         assert score == want, item.uid
-    # 96 rows on 2 workers, worker start included; one row near the timeout would already cost 10 s
+    # 102 rows on 2 workers, worker start included; one row near the timeout would already cost 10 s
     assert elapsed < 40, elapsed
 
 
