@@ -63,7 +63,7 @@ def test_extract_boxed_is_linear_on_many_boxes():
     text = "\\boxed{" * 100_000 + "\\boxed{7}" + "\\boxed{" * 100_000
     start = time.monotonic()
     assert extract_boxed(text) == "7"
-    assert time.monotonic() - start < 2.0  # a rescan per box would be 10^10 steps
+    assert time.monotonic() - start < 5.0  # a rescan per box would be 10^10 steps
 
 
 def test_answer_tags_last_opening_tag_that_closes():
