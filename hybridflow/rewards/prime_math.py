@@ -1,9 +1,9 @@
 """NuminaMath rule reward, graded as verl's ``prime_math.compute_score`` (PRIME, Cui et al. 2025).
 
 verl sends the ``numina_*`` data sources here. The answer is the content of the response's LAST
-``\\boxed{}``/``\\fbox{}``; without a box, the text after the last ``answer:`` / ``answer is``
-marker (any case), else the response's last line, cut after its last ``=`` or `` is `` and stripped
-of a trailing period. It is right when :func:`~hybridflow.rewards.grading.grade_answer` (PRM800K)
+``\\boxed{}``/``\\fbox{}``; without a box, the rest of the line after the last ``answer:`` /
+``answer is`` marker (any case), else the whole response; either cut after its last ``=`` or
+`` is `` and stripped of ``$`` and a trailing period. It is right when :func:`~hybridflow.rewards.grading.grade_answer` (PRM800K)
 or :func:`~hybridflow.rewards.grading.math_equal` (PRIME; with ``\\pi`` read as π) accepts it.
 Score 1.0 / 0.0 (verl returns the bool ``is_correct``, which its ``default_compute_score`` turns into
 a float). Deliberate differences (docs/rewards.md): no ``eval``/``parse_expr`` of model text (math-verify
@@ -32,11 +32,11 @@ def match_answer(response: str) -> str | None:
     if boxed is not None:
         return boxed.strip() or None
     markers = list(_MARKER_RE.finditer(response))
-    tail = response[markers[-1].end() :] if markers else response
-    lines = [ln for ln in tail.strip().splitlines() if ln.strip()]
-    if not lines:
-        return None
-    line = lines[0] if markers else lines[-1]
+    if markers:
+        lines = [ln for ln in response[markers[-1].end() :].splitlines() if ln.strip()]
+        line = lines[0] if lines else ""
+    else:
+        line = response
     eq, is_ = line.rfind("="), line.rfind(" is ")
     start = max(eq + 1 if eq >= 0 else 0, is_ + len(" is ") if is_ >= 0 else 0)
     answer = line[start:]
