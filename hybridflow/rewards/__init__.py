@@ -9,6 +9,7 @@ See docs/rewards.md. Nothing here imports torch.
 
 from hybridflow.rewards.executor import FAILURE_METRICS, RewardExecutor, RewardItem, RewardResults
 from hybridflow.rewards.extract import (
+    extract_answer_line,
     extract_answer_tags,
     extract_boxed,
     extract_hash_answer,
@@ -24,6 +25,7 @@ from hybridflow.rewards.registry import (
     get_reward,
     register_reward,
     reward_names,
+    reward_prefixes,
 )
 
 __all__ = [
@@ -31,8 +33,10 @@ __all__ = [
     "register_reward",
     "get_reward",
     "reward_names",
+    "reward_prefixes",
     "UnknownDataSourceError",
     "extract_boxed",
+    "extract_answer_line",
     "extract_answer_tags",
     "extract_hash_answer",
     "last_number",

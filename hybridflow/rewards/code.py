@@ -13,8 +13,9 @@ the row's test cases in :func:`hybridflow.rewards.sandbox.run_code`, as verl's
   ``outputs[i]`` or ``[outputs[i]]``.
 - **Limits**: the first ``reward.code_max_cases`` cases run (verl's continuous score reads the first
   10), each under ``reward.code_case_timeout_s`` of wall clock and ``reward.sandbox_memory_mb``. All
-  cases of a row share a budget of 0.8·``reward.timeout_s``: a case that would start past it fails
-  unrun, so a slow program scores what it passed instead of tripping the executor's row timeout.
+  cases of a row share a budget of ``reward.timeout_s`` minus a reserve of max(1 s, 20 %): a case
+  is cut at the budget's end and cases left fail unrun, so a slow program scores what it passed
+  instead of tripping the executor's row timeout.
 
 Score = passed cases / cases run, in [0, 1] (1.0 when all pass). Returns {score, acc (1.0 when all
 pass), parsed (a program was found), pred ("passed/run"), passed, timeouts}.
@@ -35,7 +36,6 @@ from hybridflow.rewards.sandbox import run_code
 CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
 _FENCE_RE = re.compile(r"```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
-ROW_BUDGET_SHARE = 0.8
 _CALL_HARNESS = """
 import json as _hf_json, sys as _hf_sys
 _hf_args = _hf_json.loads(_hf_sys.stdin.read())
@@ -91,6 +91,12 @@ def _call_match(stdout: str, expected: Any) -> bool:
     return got == expected or [got] == expected
 
 
+def row_budget_s(timeout_s: float) -> float:
+    """Seconds all test cases of one row may take: ``timeout_s`` less a reserve of max(1 s, 20 %)
+    for starting processes and answering the executor."""
+    return max(0.0, timeout_s - max(1.0, 0.2 * timeout_s))
+
+
 @register_reward(*CODE_SOURCES)
 def code_reward(solution_str: str, ground_truth: Any, extra_info: Any, cfg: RewardConfig) -> dict[str, Any]:
     """Fraction of the first ``reward.code_max_cases`` test cases the program passes (module docstring).
@@ -103,7 +109,7 @@ def code_reward(solution_str: str, ground_truth: Any, extra_info: Any, cfg: Rewa
     if code is None:
         return {"score": 0.0, "acc": 0.0, "parsed": False, "pred": f"0/{len(cases)}", "passed": 0, "timeouts": 0}
     program = code + _CALL_HARNESS.format(fn=fn_name) if fn_name else code
-    deadline = time.monotonic() + ROW_BUDGET_SHARE * cfg.timeout_s
+    deadline = time.monotonic() + row_budget_s(cfg.timeout_s)
     passed = timeouts = 0
     for case_input, expected in cases:
         left = deadline - time.monotonic()

@@ -16,7 +16,6 @@ from fractions import Fraction
 _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
 _HASH_RE = re.compile(r"####\s*\$?\s*(" + _NUMBER + ")")
-_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)")
 _ANSWER_LINE_RE = re.compile(r"(?i)answer\s*:")
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2013": "-"})
@@ -72,9 +71,15 @@ def extract_answer_line(text: str) -> str | None:
 
 
 def extract_answer_tags(text: str) -> str | None:
-    """Stripped content of the LAST ``<answer>...</answer>`` pair (TinyZero's format), else None."""
-    found = _ANSWER_TAG_RE.findall(text)
-    return found[-1].strip() if found else None
+    """Stripped content of the LAST ``<answer>...</answer>`` pair (TinyZero's format), else None:
+    the last ``<answer>`` that a ``</answer>`` follows, up to the first ``</answer>`` after it
+    (``"<answer>a<answer>b</answer>"`` → ``"b"``). Linear: ``str.rfind``/``find``, no regex."""
+    last_close = text.rfind("</answer>")
+    start = text.rfind("<answer>", 0, last_close) if last_close >= 0 else -1
+    if start < 0:
+        return None
+    end = text.find("</answer>", start)
+    return text[start + len("<answer>") : end].strip()
 
 
 def extract_hash_answer(text: str) -> str | None:

@@ -186,7 +186,7 @@ _COSTLY_RES = [  # possessive quantifiers and anchors keep every pattern linear 
     re.compile(r"\d{500}"),  # a number of 500 digits or more
 ]
 _MAX_DEPTH = 30
-_LATEX_CMD_RE = re.compile(r"\\[A-Za-z]+")
+_LATEX_CMD_RE = re.compile(r"\\(?:begin|end)\{[A-Za-z*]*\}|\\[A-Za-z]+")  # commands and environment names
 
 
 def too_costly(text: str, max_chars: int | None = MAX_SYMBOLIC_CHARS) -> bool:
@@ -213,7 +213,7 @@ def too_costly(text: str, max_chars: int | None = MAX_SYMBOLIC_CHARS) -> bool:
 def symbolic_equal(a: str, b: str) -> bool:
     """math-verify's equivalence of two answers, each read as LaTeX in ``\\boxed{}`` (and as a plain
     expression); False when either does not parse, is :func:`too_costly`, or holds more than two
-    distinct letters outside LaTeX commands (PRM800K's ``should_allow_eval``: words are not
+    distinct letters outside LaTeX commands and ``\\begin{…}``/``\\end{…}`` names (PRM800K's ``should_allow_eval``: words are not
     expressions). Never evaluates the text as Python. Results are cached per pair within a worker."""
     if any(too_costly(x) or len(set(re.findall(r"[A-Za-z]", _LATEX_CMD_RE.sub("", x)))) > 2 for x in (a, b)):
         return False

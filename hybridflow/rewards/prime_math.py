@@ -1,9 +1,9 @@
 """NuminaMath rule reward, graded as verl's ``prime_math.compute_score`` (PRIME, Cui et al. 2025).
 
 verl sends the ``numina_*`` data sources here. The answer is the content of the response's LAST
-``\\boxed{}``/``\\fbox{}``; without a box, the text after the last ``answer:`` / ``answer is``
-marker (any case), else the response's last line, cut after its last ``=`` or `` is `` and stripped
-of a trailing period. It is right when :func:`~hybridflow.rewards.grading.grade_answer` (PRM800K)
+``\\boxed{}``/``\\fbox{}``; without a box, the rest of the line after the last ``answer:`` /
+``answer is`` marker (any case), else the whole response; either cut after its last ``=`` or
+`` is `` and stripped of ``$`` and a trailing period. It is right when :func:`~hybridflow.rewards.grading.grade_answer` (PRM800K)
 or :func:`~hybridflow.rewards.grading.math_equal` (PRIME; with ``\\pi`` read as π) accepts it.
 Score 1.0 / 0.0 (verl returns the bool ``is_correct``, which its ``default_compute_score`` turns into
 a float). Deliberate differences (docs/rewards.md): no ``eval``/``parse_expr`` of model text (math-verify
@@ -32,13 +32,14 @@ def match_answer(response: str) -> str | None:
     if boxed is not None:
         return boxed.strip() or None
     markers = list(_MARKER_RE.finditer(response))
-    tail = response[markers[-1].end() :] if markers else response
-    lines = [ln for ln in tail.strip().splitlines() if ln.strip()]
-    if not lines:
-        return None
-    line = lines[0] if markers else lines[-1]
-    cut = max(line.rfind("="), line.rfind(" is ") + len(" is ") - 1 if " is " in line else -1)
-    answer = line[cut + 1 :] if cut >= 0 else line
+    if markers:
+        lines = [ln for ln in response[markers[-1].end() :].splitlines() if ln.strip()]
+        line = lines[0] if lines else ""
+    else:
+        line = response
+    eq, is_ = line.rfind("="), line.rfind(" is ")
+    start = max(eq + 1 if eq >= 0 else 0, is_ + len(" is ") if is_ >= 0 else 0)
+    answer = line[start:]
     return answer.strip().strip("$").rstrip(".").strip() or None
 
 
@@ -48,10 +49,14 @@ def prime_equal(answer: str | None, ground_truth: str) -> bool:
         return False
     if grade_answer(answer, ground_truth):
         return True
-    if "\\pi" in answer or "\\pi" in ground_truth:
-        return any(math_equal(answer.replace("\\pi", pi), ground_truth.replace("\\pi", pi))
-                   for pi in (r"\cdot 3.141592653589793", r"\cdot 3.14")) or math_equal(answer, ground_truth)  # fmt: skip
-    return math_equal(answer, ground_truth)
+    if math_equal(answer, ground_truth):
+        return True
+    if "\\pi" not in answer and "\\pi" not in ground_truth:
+        return False
+    for pi in (r"\cdot 3.141592653589793", r"\cdot 3.14"):  # PRIME also tries π = 3.14
+        if math_equal(answer.replace("\\pi", pi), ground_truth.replace("\\pi", pi)):
+            return True
+    return False
 
 
 @register_reward(*NUMINA_SOURCES)

@@ -20,36 +20,34 @@ def _row(source: str, question: str, truth: str, i: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def verl_files(tmp_path_factory):
+def verl_file(tmp_path_factory):
+    """Two math_dapo rows and two code rows (each with 2 unit tests) in one parquet."""
     from hybridflow.data import write_rows
 
     d = tmp_path_factory.mktemp("verl-data")
-    dapo = [_row("math_dapo", f"What is {i} + {i}? End with 'Answer: N'.", str(2 * i), i) for i in range(4)]
+    dapo = [_row("math_dapo", f"What is {i} + {i}? End with 'Answer: N'.", str(2 * i), i) for i in range(2)]
     tests = [json.dumps({"inputs": [f"{i}\n", f"{i + 1}\n"], "outputs": [f"{2 * i}\n", f"{2 * i + 2}\n"]})
-             for i in range(4)]  # fmt: skip
-    code = [_row("codecontests", "Read n and print 2n. Answer in a ```python block.", t, i) for i, t in enumerate(tests)]
-    write_rows(dapo, str(d / "dapo.parquet"))
-    write_rows(code, str(d / "code.parquet"))
-    return {"math_dapo": str(d / "dapo.parquet"), "codecontests": str(d / "code.parquet")}
+             for i in range(2)]  # fmt: skip
+    code = [_row("codecontests", "Read n and print 2n. Answer in a ```python block.", t, 2 + i)
+            for i, t in enumerate(tests)]  # fmt: skip
+    write_rows(dapo + code, str(d / "verl.parquet"))
+    return str(d / "verl.parquet")
 
 
-@pytest.mark.parametrize("source", ["math_dapo", "codecontests"])
-def test_one_iteration_scores_verl_data_source(prefect_api, ray_cluster, verl_files, tmp_path, source):
+def test_one_iteration_scores_math_dapo_and_code_rows(prefect_api, ray_cluster, verl_file, tmp_path):
     from flows.train import train
 
-    ov = tiny_overrides(str(tmp_path / "runs"), verl_files[source], verl_files[source], **{
-        "trainer.run_id": f"verl-{source}", "trainer.total_iterations": "1", "rollout.max_response_tokens": "8",
-        "reward.code_case_timeout_s": "5", "reward.timeout_s": "30",
+    ov = tiny_overrides(str(tmp_path / "runs"), verl_file, verl_file, **{
+        "trainer.run_id": "verl-sources", "trainer.total_iterations": "1", "data.prompts_per_step": "4",
+        "rollout.max_response_tokens": "8", "reward.code_case_timeout_s": "5", "reward.timeout_s": "30",
     })  # fmt: skip
     summary = train(overrides=ov)
     assert summary["iterations"] == 1
     metrics = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["metrics"]
     assert metrics["reward/errors"] == 0 and metrics["reward/timeouts"] == 0 and metrics["reward/crashes"] == 0
-    if source == "math_dapo":
-        # 8 random tokens never hold the right "Answer:": DAPO's -1 on all 4 trajectories
-        assert metrics[f"reward/{source}/mean"] == -1.0 and metrics[f"reward/{source}/acc/mean"] == 0.0
-    else:
-        # each response ran as a program on its row's 2 test cases in the sandbox; random tokens pass none
-        assert metrics[f"reward/{source}/mean"] == 0.0
-        assert metrics[f"reward/{source}/passed/mean"] == 0.0 and f"reward/{source}/timeouts/mean" in metrics
-    assert metrics["critic/score/mean"] == metrics[f"reward/{source}/mean"]
+    # all 4 prompts × 2 samples: 8 random tokens never hold the right "Answer:" (DAPO's -1) ...
+    assert metrics["reward/math_dapo/mean"] == -1.0 and metrics["reward/math_dapo/acc/mean"] == 0.0
+    # ... and each code response ran as a program on its row's 2 test cases in the sandbox, passing none
+    assert metrics["reward/codecontests/mean"] == 0.0 and metrics["reward/codecontests/passed/mean"] == 0.0
+    assert "reward/codecontests/timeouts/mean" in metrics
+    assert metrics["critic/score/mean"] == pytest.approx((4 * -1.0 + 4 * 0.0) / 8)

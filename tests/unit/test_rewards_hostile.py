@@ -14,6 +14,7 @@ import pytest
 
 from hybridflow.config import RewardConfig
 from hybridflow.rewards import RewardExecutor, RewardItem, default_compute_score
+from hybridflow.rewards.code import row_budget_s
 from hybridflow.rewards.grading import math_equal, symbolic_equal, too_costly
 
 HOSTILE = {
@@ -33,6 +34,7 @@ HOSTILE = {
     "many boxes": "\\boxed{1}" * 20_000 + "\\boxed{3}",
     "python payload": "\\boxed{__import__('os').system('true')}",
     "hash bomb": "#### " + "9" * 100_000,
+    "think tags": "<think>" + "</think>" * 100_000,
 }
 SOURCES = ["lighteval/MATH", "math_dapo", "numina_olympiads", "hiyouga/geometry3k", "gsm8k", "arith"]
 TRUTH = "3"
@@ -53,7 +55,7 @@ def test_hostile_answers_are_wrong_answers_within_the_timeout():
         else:  # a wrong answer: DAPO's -1, everyone else's 0
             want = -1.0 if item.data_source == "math_dapo" else 0.0
         assert score == want, item.uid
-    # 96 rows on 2 workers, worker start included; one row near the timeout would already cost 10 s
+    # 102 rows on 2 workers, worker start included; one row near the timeout would already cost 10 s
     assert elapsed < 40, elapsed
 
 
@@ -66,7 +68,7 @@ def test_too_costly_answers_never_reach_the_symbolic_engine(name):
     start = time.monotonic()
     assert not symbolic_equal(answer, "x^2")
     assert not math_equal(answer, "x^2")
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 3.0
 
 
 @pytest.mark.parametrize("answer", ["x^{2}", "2^{10}", "\\frac{\\sqrt{3}}{2}", "10!", "(1, 2)", "e^{i\\pi}", "e^{-x^2}"])
@@ -98,11 +100,13 @@ def test_code_that_never_ends_is_cut_per_case_and_per_row():
     assert (out["score"], out["timeouts"], out["parsed"]) == (0.0, 3, True)
     out = default_compute_score("codecontests", echo_or_loop, CODE_TESTS, reward_cfg=cfg)
     assert (out["score"], out["passed"], out["timeouts"], out["pred"]) == (pytest.approx(2 / 3), 2, 1, "2/3")
-    # per row: cases of 5 s would overrun timeout_s=2; the row stops at 0.8·2 = 1.6 s, cases left unrun fail
-    cfg = RewardConfig(code_case_timeout_s=5.0, timeout_s=2.0)
+    # per row: cases of 5 s would overrun timeout_s=3; the row stops at 3 - max(1, 0.6) = 2 s, and the
+    # cases left fail unrun
+    assert row_budget_s(3.0) == 2.0 and row_budget_s(10.0) == 8.0 and row_budget_s(0.5) == 0.0
+    cfg = RewardConfig(code_case_timeout_s=5.0, timeout_s=3.0)
     start = time.monotonic()
     out = default_compute_score("taco", loop, CODE_TESTS, reward_cfg=cfg)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 3.0
     assert (out["score"], out["timeouts"]) == (0.0, 1)
 
 
@@ -123,3 +127,16 @@ def test_code_that_crashes_scores_zero(code):
     cfg = RewardConfig(code_case_timeout_s=5.0, timeout_s=30.0, sandbox_memory_mb=256)
     out = default_compute_score("codeforces", f"```python\n{code}\n```", CODE_TESTS, reward_cfg=cfg)
     assert out["score"] == 0.0 and out["parsed"] is True
+
+
+@pytest.mark.timeout(60)
+def test_tag_scanners_stay_linear():
+    # a regex scan for <answer>(.*?)</answer> or verl's <think>.*</think>.*\boxed{.*}.* backtracks
+    # quadratically here (measured: 60 s for 20k unclosed tags before the fix)
+    start = time.monotonic()
+    gt = {"target": 16, "numbers": [3, 5, 2]}
+    assert default_compute_score("countdown", "<answer>" * 100_000, gt)["parsed"] is False
+    assert default_compute_score("searchR1_nq", "<answer>" * 100_000, {"target": ["x"]})["score"] == 0.0
+    assert default_compute_score("hiyouga/geometry3k", "<think>" + "</think>" * 100_000 + "\\boxed{3", "3")[
+        "score"] == 0.0  # fmt: skip
+    assert time.monotonic() - start < 5.0

@@ -254,3 +254,65 @@ def test_aime_prefix_resolves_and_exact_names_win():
     with pytest.raises(UnknownDataSourceError):
         get_reward("AIME2024")  # verl's startswith("aime") is case-sensitive too
 
+
+
+# ---- verl test_sandbox_on_cpu: prime_math answers and a PRIME code sample ------------------------
+def test_prime_math_answers_from_verls_sandbox_test():
+    # verl prints these scores without asserting them; all three answers equal their ground truths
+    bmatrix = "\\begin{bmatrix}\n -7 & 6 & -8 \\\\\n 11 & -9 & 12 \\\\\n 15 & -16 & 19 \n \\end{bmatrix}"
+    pmatrix = "\\begin{pmatrix}\n -7 & 6 & -8 \\\\\n 11 & -9 & 12 \\\\\n 15 & -16 & 19\n \\end{pmatrix}"
+    assert default_compute_score("numina_aops_forum", bmatrix, pmatrix)["score"] == 1.0
+    assert default_compute_score("numina_aops_forum", bmatrix.replace("19", "18"), pmatrix)["score"] == 0.0
+    assert default_compute_score("numina_aops_forum", "\\frac{\\sqrt{505}}{7}", "\\frac{\\sqrt{505}}{7}")["score"] == 1.0
+    assert default_compute_score("numina_aops_forum", "x^2 + y^2 + 4x - 6y + 13", "(x + 2)^2 + (y - 3)^2 ")[
+        "score"] == 1.0  # fmt: skip
+
+
+# Codeforces 242C "King's Path": the 11 test cases of verl's sample (inputs, expected outputs)
+KING_INPUTS = [
+    "5 7 6 11\n3\n5 3 8\n6 7 11\n5 2 5\n", "3 4 3 10\n3\n3 1 4\n4 5 9\n3 10 10\n", "1 1 2 10\n2\n1 1 3\n2 6 10\n",
+    "9 8 7 8\n9\n10 6 6\n10 6 6\n7 7 8\n9 5 6\n8 9 9\n9 5 5\n9 8 8\n8 5 6\n9 10 10\n",
+    "6 15 7 15\n9\n6 15 15\n7 14 14\n6 15 15\n9 14 14\n7 14 16\n6 15 15\n6 15 15\n7 14 14\n8 15 15\n",
+    "13 16 20 10\n18\n13 16 16\n20 10 10\n19 10 10\n12 15 15\n20 10 10\n18 11 11\n19 10 10\n19 10 10\n20 10 10\n"
+    "19 10 10\n20 10 10\n20 10 10\n19 10 10\n18 11 11\n13 16 16\n12 15 15\n19 10 10\n19 10 10\n",
+    "89 29 88 30\n16\n87 31 31\n14 95 95\n98 88 89\n96 88 88\n14 97 97\n13 97 98\n100 88 88\n88 32 32\n99 88 89\n"
+    "90 29 29\n87 31 31\n15 94 96\n89 29 29\n88 32 32\n97 89 89\n88 29 30\n",
+    "30 14 39 19\n31\n35 7 11\n37 11 12\n32 13 13\n37 5 6\n46 13 13\n37 14 14\n31 13 13\n43 13 19\n45 15 19\n"
+    "46 13 13\n32 17 17\n41 14 19\n30 14 14\n43 13 17\n34 16 18\n44 11 19\n38 13 13\n40 12 20\n37 16 18\n"
+    "46 16 18\n34 10 14\n36 9 10\n36 15 19\n38 15 19\n42 13 19\n33 14 15\n35 15 19\n33 17 18\n39 12 20\n"
+    "36 5 7\n45 12 12\n",
+    "2 1 1 1\n2\n1 1 2\n2 1 2\n",
+    "1 1 1 2\n5\n1000000000 1 10000\n19920401 1188 5566\n1000000000 1 10000\n1 1 10000\n5 100 200\n",
+    "1 1 1000000000 2\n5\n1000000000 1 10000\n19920401 1188 5566\n1000000000 1 10000\n1 1 10000\n5 100 200\n",
+]  # fmt: skip
+KING_OUTPUTS = ["4\n", "6\n", "-1\n", "2\n", "1\n", "-1\n", "1\n", "9\n", "1\n", "1\n", "-1\n"]
+# a breadth-first search over the allowed cells (written for this test)
+KING_SOLUTION = """import sys
+from collections import deque
+nums = list(map(int, sys.stdin.read().split()))
+x0, y0, x1, y1, n = nums[:5]
+free = set()
+for k in range(n):
+    r, a, b = nums[5 + 3 * k : 8 + 3 * k]
+    free.update((r, c) for c in range(a, b + 1))
+dist = {(x0, y0): 0}
+todo = deque([(x0, y0)])
+while todo:
+    x, y = todo.popleft()
+    for dx in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            nxt = (x + dx, y + dy)
+            if nxt in free and nxt not in dist:
+                dist[nxt] = dist[(x, y)] + 1
+                todo.append(nxt)
+print(dist.get((x1, y1), -1))
+"""
+
+
+def test_prime_code_sample_scores_as_in_verl():
+    truth = {"inputs": KING_INPUTS, "outputs": KING_OUTPUTS}
+    assert default_compute_score("codecontests", KING_SOLUTION, json.dumps(truth), reward_cfg=CODE_CFG)["score"] == 1.0
+    # verl's failing sample: the 4th expected output changed to -1; 9 of the first 10 cases pass
+    wrong = dict(truth, outputs=KING_OUTPUTS[:3] + ["-1\n"] + KING_OUTPUTS[4:])
+    out = default_compute_score("codecontests", KING_SOLUTION, json.dumps(wrong), reward_cfg=CODE_CFG)
+    assert (out["score"], out["pred"]) == (pytest.approx(0.9), "9/10")
