@@ -45,7 +45,7 @@ class RunObserver:
 
     def checkpoint_saved(self, it: int, final: bool) -> None:
         """Log the checkpoint as an MLflow model when ``tracking.log_model`` asks for it."""
-        if self.log_model == "off" or (self.log_model == "final" and not final):
+        if self.log_model == "none" or (self.log_model == "final" and not final):
             return
         policy_dir = Path(self.state.run_dir) / "checkpoints" / f"step_{it:06d}" / "policy"
         if policy_dir.is_dir():
