@@ -45,12 +45,16 @@ class RunObserver:
 
     def checkpoint_saved(self, it: int, final: bool) -> None:
         """Log the checkpoint as an MLflow model when ``tracking.log_model`` asks for it."""
-        if self.log_model == "off" or (self.log_model == "final" and not final):
+        if self.log_model == "none" or (self.log_model == "final" and not final):
             return
+        tag = f"hybridflow.model_uri.step_{it:06d}"
+        logged = self.tracker.client.get_run(self.tracker.run_id).data.tags.get(tag)  # e.g. before a resume
         policy_dir = Path(self.state.run_dir) / "checkpoints" / f"step_{it:06d}" / "policy"
-        if policy_dir.is_dir():
+        if logged:
+            self.model_uris[it] = logged
+        elif policy_dir.is_dir():
             self.model_uris[it] = self.tracker.log_checkpoint_model(str(policy_dir), it)
-            self.tracker.set_tag(f"hybridflow.model_uri.step_{it:06d}", self.model_uris[it])
+            self.tracker.set_tag(tag, self.model_uris[it])
 
     def stopped(self, error: BaseException) -> None:
         reason = STOP_REASONS.get(type(error).__name__, "error")
@@ -60,6 +64,9 @@ class RunObserver:
     def finished(self, summary: dict[str, Any]) -> None:
         """Add the MLflow model and reward curve to ``summary``; publish the summary artifact."""
         self.console.close()
+        last = self.state.last_checkpoint_iteration  # data ran out on a save_every checkpoint: still the final one
+        if last and self.log_model != "none" and last not in self.model_uris:
+            self.checkpoint_saved(last, final=True)
         if self.model_uris:
             summary["mlflow_model_uri"] = self.model_uris[max(self.model_uris)]
         hist = self.state.metrics_history()

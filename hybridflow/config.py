@@ -425,7 +425,7 @@ class TrackingConfig(_Section):
     )
     log_samples_every: int = Field(1, ge=0, description="Log a table of sample generations every N iterations.")
     # ---- issue 18: MLflow models, system metrics, alerts -----------------------------------------
-    log_model: Literal["off", "final", "every_checkpoint"] = Field(
+    log_model: Literal["none", "final", "every_checkpoint"] = Field(
         "final",
         description="Log checkpoints' HF policy folders as MLflow models (mlflow.transformers) linked to the run: "
         "the final one, every saved one (trainer.save_every), or none.",

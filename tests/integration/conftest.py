@@ -90,7 +90,7 @@ def tiny_overrides(run_dir: str, train: str, val: str, **extra: str) -> list[str
         "trainer.val_before_train": "false",
         "trainer.device": "cpu",
         "tracking.mlflow_uri": f"sqlite:///{run_dir}/mlflow.db",
-        "tracking.log_model": "off",  # logging the final checkpoint as an MLflow model: test_observe.py
+        "tracking.log_model": "none",  # logging the final checkpoint as an MLflow model: test_observe.py
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
