@@ -6,7 +6,8 @@ per worker (:data:`_DEPTH`): free workers keep taking chunks from the queue, so 
 up only its own worker and the rest of its chunk. The child answers row by row, so the parent
 always knows which row is running.
 
-One deadline per call of :meth:`ProcessPool.run`: ``timeout_s`` from its start. The rows of a
+One deadline per call of :meth:`ProcessPool.run`: ``timeout_s`` from its start, the clock
+stopped while no worker is up (all being replaced after a crash or a timeout). The rows of a
 batch time out together, so a reward that hangs on every row costs one ``timeout_s`` per batch,
 not one per row: at the deadline every row still running, or sent but not started, or still
 queued, is a ``timeout``, and the workers that hold such rows have their process group killed
@@ -155,7 +156,10 @@ class ProcessPool:
             for w in self._workers:
                 while w.ready and len(w.units) < _DEPTH and self._pending:
                     self._assign(w, self._pending.popleft())
+            starting, t0 = not any(w.ready for w in self._workers), time.monotonic()
             self._poll(deadline)
+            if starting:  # no worker could score (all replaced after a crash): that time is not the rows'
+                deadline += time.monotonic() - t0
         return self._out
 
     def _assign(self, w: _Worker, unit: Unit) -> None:

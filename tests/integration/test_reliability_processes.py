@@ -104,8 +104,8 @@ def test_killed_driver_leaves_nothing_behind_and_nothing_listens_beyond_loopback
         driver = psutil.Process(proc.pid)
         tree = _tree(driver)
         kinds = " | ".join(what for _, what in tree.values())
-        for part in ("flows.reaper", "prefect server start", "gcs_server", "raylet", "dashboard/agent.py",
-                     "runtime_env/agent/main.py", "hybridflow.rewards._worker"):
+        for part in ("flows.reaper", "prefect server start", "gcs_server", "raylet", "ray::DashboardAgent",
+                     "ray::RuntimeEnvAgent", "ray::WorkerHost", "hybridflow.rewards._worker"):
             assert part in kinds, f"{part} not among the driver's processes: {kinds}"
         # the listening sockets of the driver and everything it started, during the run
         listening = _listening(set(tree) | {proc.pid})

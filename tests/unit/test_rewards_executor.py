@@ -160,6 +160,16 @@ def test_a_reward_that_hangs_on_every_row_costs_one_deadline_per_batch(reward_fi
         assert ex.score([_item("2")]).scores == [2.0]  # the replaced worker scores the next batch
 
 
+def test_a_crash_does_not_spend_the_deadline_of_the_rows_after_it(reward_file):
+    # one worker, a 0.3 s deadline: the replacement after the crash takes longer than that to
+    # start (a fresh interpreter); the clock stops while no worker is up, so rows 1-3 are scored
+    cfg = RewardConfig(function=f"{reward_file}:compute_score", num_workers=1, timeout_s=0.3)
+    with RewardExecutor(cfg) as ex:
+        res = ex.score([_item("exit"), _item("1"), _item("2"), _item("3")])
+    assert res.failures == ["crash", None, None, None]
+    assert res.scores == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_rows_queued_behind_a_hung_row_time_out_with_it(bad_executor):
     # 40 rows on 2 workers go out in chunks of 5 (40 // (4 x 2)); row 2 hangs in chunk [0..4]:
     # rows 3 and 4 wait behind it and time out with it, the other worker scores the other 35
