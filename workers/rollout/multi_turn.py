@@ -139,7 +139,8 @@ class MultiTurnRollout:
         for i in range(len(batch)):
             row = {k: batch[k][i] for k in ("uid", "data_source", "ground_truth", "extra_info") if k in batch}
             row["prompt"] = batch["raw_chat"][i] if "raw_chat" in batch else None
-            env = (row.get("extra_info") or {}).get("agent_name") or self.default_env
+            named = batch["agent_name"][i] if "agent_name" in batch else None  # verl's column, when a loader keeps it
+            env = named or (row.get("extra_info") or {}).get("agent_name") or self.default_env
             prompt = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
             for _ in range(n):
                 trajs.append(Trajectory(prompt, env, list(row["prompt"] or []), row.get("extra_info")))
