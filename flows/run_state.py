@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.run_lock import resolve_run_dir
+from hybridflow.agents.render import marked_conversation
 from hybridflow.config import ExperimentConfig, dump_config, load_config
 from tasks.common import NodeResult, RunContext, load_node_output, result_storage_path
 from workers.pool import namespace_for
@@ -187,6 +188,8 @@ class RunState:
         for i in range(min(limit, len(batch))):
             mask = batch["response_mask"][i]
             text = self.tokenizer.decode(batch["response_ids"][i][mask].tolist(), skip_special_tokens=True)
+            if "observation_mask" in batch:  # multi-turn: the whole conversation, tool output marked
+                text = marked_conversation(self.tokenizer, batch["response_ids"][i], mask, batch["observation_mask"][i])
             rows.append({
                 "prompt": batch["raw_prompt"][i] if "raw_prompt" in batch else "",
                 "response": text,

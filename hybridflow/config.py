@@ -119,6 +119,10 @@ class MultiTurnConfig(_Section):
         "'python' a fenced python block that is executed (ToRL / ReTool style).",
     )
     num_workers: int = Field(2, gt=0, description="Processes executing tools and environment steps.")
+    kv_cache: bool = Field(
+        True, description="hf engine: keep each trajectory's KV cache between turns and prefill only the new "
+        "tokens (observations), instead of prefilling the whole conversation every turn (bench/multi_turn_kv.py).",
+    )
     system_prompt: str | None = Field(
         None, description="A system message put first in every conversation (joined to the row's own system "
         "message, if any) — e.g. one worked tool call. Not added where the environment's reset gives the messages.",

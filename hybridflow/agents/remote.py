@@ -80,8 +80,13 @@ class EnvRunner:
         from hybridflow.rewards.procpool import Unit
 
         pool = self._start()
-        units = [Unit("rows", [(i, ("agent", "", None, req, ""))]) for i, req in enumerate(requests)]
-        outcomes = pool.run(units, self.timeout_s)
+        outcomes: dict[int, Any] = {}
+        # waves of one call per worker: ``timeout_s`` is then each call's own limit whether the pool
+        # times rows one by one or a whole run() at once
+        for start in range(0, len(requests), self.num_workers):
+            wave = range(start, min(start + self.num_workers, len(requests)))
+            outcomes.update(pool.run([Unit("rows", [(i, ("agent", "", None, requests[i], ""))]) for i in wave],
+                                     self.timeout_s))  # fmt: skip
         out: list[Outcome] = []
         for i in range(len(requests)):
             status, value = outcomes[i]

@@ -84,4 +84,25 @@ def truncate_middle(ids: list[int], limit: int, marker_ids: list[int]) -> list[i
     return [*ids[:head], *marker_ids, *ids[len(ids) - tail :]]
 
 
-__all__ = ["ChatRenderer", "truncate_middle"]
+def marked_conversation(tokenizer: Any, response_ids: Any, response_mask: Any, observation_mask: Any) -> str:
+    """A multi-turn response as text for people (sample tables): model tokens as they are, each run of
+    observation tokens as ``[observation: ...]``. Tensors [R] (one row); special tokens dropped."""
+    parts, run, kind = [], [], None
+    for tok, model, obs in zip(response_ids.tolist(), response_mask.tolist(), observation_mask.tolist(), strict=True):
+        here = "model" if model else "obs" if obs else None
+        if here != kind and run:
+            parts.append((kind, run))
+            run = []
+        kind = here
+        if here is not None:
+            run.append(tok)
+    if run:
+        parts.append((kind, run))
+    texts = []
+    for k, ids in parts:
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        texts.append(f"[observation: {text.strip()}]" if k == "obs" else text)
+    return "".join(texts)
+
+
+__all__ = ["ChatRenderer", "marked_conversation", "truncate_middle"]

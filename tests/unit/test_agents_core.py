@@ -123,3 +123,17 @@ def test_valid_multi_turn_configs():
     assert cfg.rollout.is_multi_turn and cfg.rollout.multi_turn.max_turns == 4
     assert config_from_dict(_cfg(environment="tests.unit.agent_fixtures:GuessEnv")).rollout.is_multi_turn
     assert not config_from_dict({}).rollout.is_multi_turn
+
+
+def test_marked_conversation_for_sample_tables():
+    import torch
+
+    from hybridflow.agents.render import marked_conversation
+    from hybridflow.models import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    ids = tok("ab<|im_end|>\n<|im_start|>tool\n5<|im_end|>\ncd<|im_end|>", add_special_tokens=False)["input_ids"]
+    model = [True] * 3 + [False] * (len(ids) - 6) + [True] * 3  # "ab<|im_end|>" | observation | "cd<|im_end|>"
+    obs = [not m for m in model]
+    text = marked_conversation(tok, torch.tensor(ids), torch.tensor(model), torch.tensor(obs))
+    assert text == "ab[observation: tool\n5]cd"

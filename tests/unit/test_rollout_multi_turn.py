@@ -152,8 +152,8 @@ def test_tools_that_raise_hang_or_exit_give_error_observations(runner):
     assert out.finish_reason == ["stop"] * 3 and out.non_tensors["num_turns"] == [2, 2, 2]
     obs = [m[-2]["content"] for m in out.non_tensors["messages"]]
     assert "boom raised RuntimeError: boom" in obs[0]
-    assert "the tool call failed (still running after 3 s" in obs[1]
-    assert "the tool call failed (worker process died" in obs[2]
+    assert obs[1].startswith("error: the tool call failed (still running") and "3 s" in obs[1]
+    assert obs[2].startswith("error: the tool call failed (worker process died")
     assert out.metrics["tool/errors"] == 2 and out.metrics["tool/timeouts"] == 1
     after = rollout(runner, ScriptedEngine({"Q": [call("add", a=1, b=2), "3"]}), TOOLS, ["Q"])
     assert after.non_tensors["messages"][0][-2]["content"] == "3"  # the pool replaced its workers
@@ -289,3 +289,24 @@ def test_vllm_engine_gets_token_id_prompts_turn_after_turn(runner):
     n = 2 + len(observation) + 2
     assert out.response_mask[0, :n].tolist() == [True, True] + [False] * len(observation) + [True, True]
     assert out.rollout_log_probs[0, :n][out.response_mask[0, :n]].tolist() == [-0.5] * 4
+
+
+def test_kv_cache_continuation_equals_prefilling_again(runner, monkeypatch):
+    from workers.rollout.hf import HFRolloutEngine
+
+    model = build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=1).eval()
+    used = []
+    ready = HFRolloutEngine._ready_cache
+    monkeypatch.setattr(HFRolloutEngine, "_ready_cache", lambda self, *a: used.append(a[2]) or ready(self, *a))
+    outs = {}
+    for kv in (True, False):
+        cfg = {"environment": f"{FIX}:AsyncEchoEnv", "max_response_tokens": 120,
+               "multi_turn": {"max_turns": 3, "max_tokens_per_turn": 10, "kv_cache": kv}}
+        loop = MultiTurnRollout(HFRolloutEngine(model, TOK, generation_batch_trajectories=3), TOK,
+                                config_from_dict({"rollout": cfg}).rollout, runner)
+        outs[kv] = loop.generate(batch_of(["A", "BB"]), SamplingParams(max_new_tokens=120, n=2, seed=5,
+                                                                       stop_token_ids=(EOS,)))
+    assert used and max(used) > 20  # later turns started from a cache of > 20 positions
+    assert torch.equal(outs[True].response_ids, outs[False].response_ids)
+    assert torch.equal(outs[True].response_mask, outs[False].response_mask)
+    assert torch.allclose(outs[True].rollout_log_probs, outs[False].rollout_log_probs, atol=1e-5)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,7 +37,22 @@ from workers.rollout.base import (
     register_rollout_engine,
     right_pad,
 )
-from workers.shared_prefix import shared_prompt_cache
+from workers.shared_prefix import forward_kwargs, shared_prompt_cache
+
+
+@dataclass
+class KVCache:
+    """One trajectory's KV cache between turns: per layer (keys, values) [kv_heads, valid, head_dim]
+    of its first ``valid`` tokens (no padding)."""
+
+    layers: list[tuple[Tensor, Tensor]]
+    valid: int
+
+    def truncated(self, n: int) -> KVCache:
+        """The cache of the first ``n`` tokens (n ≥ valid returns self)."""
+        if n >= self.valid:
+            return self
+        return KVCache([(k[:, :n], v[:, :n]) for k, v in self.layers], max(n, 0))
 
 
 def top_k_top_p_filter(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -203,6 +219,103 @@ class HFRolloutEngine:
         response = seqs[:, prompt_len:].cpu()
         log_probs = sampler.log_probs(response.to(self.device)).cpu()
         return finalize_responses(response, log_probs, sampling.stop_token_ids, self.pad_token_id)
+
+    # ---- multi-turn: continue each trajectory's KV cache across turns ---------------------------
+    def generate_continuing(
+        self, seqs: list[list[int]], caches: list[KVCache | None], sampling: SamplingParams
+    ) -> tuple[RolloutOutput, list[KVCache | None]]:
+        """The next turn of each sequence (token ids, unpadded), reusing its KV cache from the last turn.
+
+        caches[r]: what this method returned for sequence r last time (its first ``valid`` tokens
+        are still ``seqs[r]``'s), or None. Rows are left padded into one ``generate`` call per chunk
+        of ``generation_batch_trajectories``; the positions every row has cached (or padded) are
+        given to ``generate`` as a ready cache, so only the rest is prefilled. Same tokens and
+        log-probs as :meth:`generate` on the same padded rows, up to float rounding. ``sampling.n``
+        must be 1. Returns (output, new caches): the new cache of row r covers its sequence and
+        all but the last generated token.
+        """
+        if sampling.n != 1:
+            raise ValueError(f"generate_continuing takes one sample per sequence, got n={sampling.n}")
+        uniforms = None
+        if not sampling.greedy:
+            seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
+            uniforms = torch.rand(len(seqs), sampling.max_new_tokens, generator=torch.Generator().manual_seed(seed))
+        outputs, new_caches = [], []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(seqs), self.generation_batch_trajectories):
+                end = start + self.generation_batch_trajectories
+                out, kv = self._continue_chunk(seqs[start:end], caches[start:end], sampling,
+                                               None if uniforms is None else uniforms[start:end])  # fmt: skip
+                outputs.append(out)
+                new_caches += kv
+        finally:
+            self.model.train(was_training)
+        joined = RolloutOutput(
+            right_pad([o.response_ids for o in outputs], self.pad_token_id),
+            right_pad([o.response_mask for o in outputs], False),
+            right_pad([o.rollout_log_probs for o in outputs], 0.0),
+            [r for o in outputs for r in o.finish_reason],
+        )
+        return joined, new_caches
+
+    def _continue_chunk(self, seqs: list[list[int]], caches: list[KVCache | None], sampling: SamplingParams,
+                        uniforms: Tensor | None) -> tuple[RolloutOutput, list[KVCache | None]]:  # fmt: skip
+        width = max(len(s) for s in seqs)
+        pads = [width - len(s) for s in seqs]
+        ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.int64)
+        for r, s in enumerate(seqs):
+            ids[r, pads[r] :] = torch.tensor(s, dtype=torch.int64)
+        mask = ids.new_ones(ids.shape, dtype=torch.bool)
+        for r, p in enumerate(pads):
+            mask[r, :p] = False
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        cut = min(width - 1, *(p + (c.valid if c is not None else 0) for p, c in zip(pads, caches, strict=True)))
+        extra = self._ready_cache(caches, pads, cut) if cut > 0 else {}
+        sampler = RolloutSampler(sampling, width, uniforms)
+        config = GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=False, num_beams=1, use_cache=True,
+                                  eos_token_id=list(sampling.stop_token_ids) or None, pad_token_id=self.pad_token_id,
+                                  return_dict_in_generate=True)  # fmt: skip
+        with _clean_generation_config(self.model), torch.no_grad():
+            gen = self.model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config,
+                                      logits_processor=LogitsProcessorList([sampler]), **extra)  # fmt: skip
+        response = gen.sequences[:, width:].cpu()
+        out = finalize_responses(response, sampler.log_probs(response.to(self.device)).cpu(),
+                                 sampling.stop_token_ids, self.pad_token_id)  # fmt: skip
+        cache = getattr(gen, "cache", None) or getattr(gen, "past_key_values", None)
+        layers = getattr(cache, "layers", None)
+        if not layers or not hasattr(layers[0], "keys"):
+            return out, [None] * len(seqs)
+        kept = out.response_mask.sum(-1).tolist()
+        new = []
+        for r, p in enumerate(pads):
+            end = min(width + int(kept[r]) - 1, layers[0].keys.shape[2])
+            kv = [(lay.keys[r, :, p:end].clone(), lay.values[r, :, p:end].clone()) for lay in layers]
+            new.append(KVCache(kv, end - p))
+        return out, new
+
+    def _ready_cache(self, caches: list[KVCache | None], pads: list[int], cut: int) -> dict[str, Any]:
+        """A DynamicCache of the first ``cut`` columns of the left-padded rows (zeros on padding,
+        masked out anyway), as the ``generate`` kwarg the model takes; {} when no row has a cache."""
+        from transformers.cache_utils import DynamicCache
+
+        name, _ = forward_kwargs(self.model)
+        ref = next((c for c in caches if c is not None), None)
+        if name is None or ref is None:
+            return {}
+        cache = DynamicCache()
+        for layer, (k0, v0) in enumerate(ref.layers):
+            ks, vs = [], []
+            for c, p in zip(caches, pads, strict=True):
+                lead = min(p, cut)
+                zk = k0.new_zeros((k0.shape[0], lead, k0.shape[2]))
+                zv = v0.new_zeros((v0.shape[0], lead, v0.shape[2]))
+                take = cut - lead
+                ks.append(torch.cat([zk, c.layers[layer][0][:, :take]], 1) if take else zk)
+                vs.append(torch.cat([zv, c.layers[layer][1][:, :take]], 1) if take else zv)
+            cache.update(torch.stack(ks), torch.stack(vs), layer)
+        return {name: cache}
 
     def _shared_prompt_cache(self, ids: Tensor, mask: Tensor, inverse: Tensor) -> dict[str, Any]:
         """Prefill each distinct prompt once and give every trajectory a copy of its KV cache.

@@ -7,9 +7,10 @@ different turns share it; finished ones leave), then steps their environments in
 pool (:class:`hybridflow.agents.remote.EnvRunner`) and appends the rendered observations as ids.
 Nothing already in a trajectory is decoded and re-tokenized.
 
-Generation re-prefills each trajectory's whole sequence every turn through the engine's own
-``generate`` (token-id prompts), so the loop drives any engine (hf, vllm); the KV cache is not
-carried across turns.
+Engines with ``generate_continuing`` (hf) keep each trajectory's KV cache between turns and prefill
+only the new tokens (``rollout.multi_turn.kv_cache``); any other engine (vllm) gets the whole
+sequence as a token-id prompt each turn through its own ``generate`` (vLLM's prefix cache then
+reuses what it can).
 
 Limits (``rollout.multi_turn``): ``max_turns`` assistant turns; ``max_tokens_per_turn`` ends a
 turn (the template's end-of-turn tokens are appended as non-model tokens) and the environment
@@ -55,6 +56,7 @@ class Trajectory:
     reward: float | None = None
     observation_tokens: int = 0
     turn_tail: list[int] = field(default_factory=list)  # end-of-turn ids the model did not write
+    kv: Any = None  # the engine's KV cache of this trajectory's first tokens (hf engine, multi_turn.kv_cache)
     tool_calls: Counter[str] = field(default_factory=Counter)
     tool_errors: int = 0
     tool_timeouts: int = 0
@@ -105,6 +107,7 @@ class MultiTurnRollout:
         self.tool_names = list(tools)
         self.marker_ids = list(tokenizer(TRUNCATION_MARKER, add_special_tokens=False)["input_ids"])
         self.per_turn = self.mt.max_tokens_per_turn or rollout_cfg.max_response_tokens
+        self.continue_kv = self.mt.kv_cache and hasattr(engine, "generate_continuing")
 
     @classmethod
     def from_config(cls, engine: Any, tokenizer: Any, cfg: Any) -> MultiTurnRollout:
@@ -137,7 +140,8 @@ class MultiTurnRollout:
         for i in range(len(batch)):
             row = {k: batch[k][i] for k in ("uid", "data_source", "ground_truth", "extra_info") if k in batch}
             row["prompt"] = batch["raw_chat"][i] if "raw_chat" in batch else None
-            env = (row.get("extra_info") or {}).get("agent_name") or self.default_env
+            named = batch["agent_name"][i] if "agent_name" in batch else None  # verl's column, when a loader keeps it
+            env = named or (row.get("extra_info") or {}).get("agent_name") or self.default_env
             prompt = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
             for _ in range(n):
                 trajs.append(Trajectory(prompt, env, list(row["prompt"] or []), row.get("extra_info")))
@@ -175,24 +179,32 @@ class MultiTurnRollout:
     def _generate_turn(self, live: list[Trajectory], sampling: SamplingParams, budget: int) -> None:
         """One engine call for the next turn of every live trajectory; appends the model tokens."""
         caps = [min(self.per_turn, budget - len(t.ids)) for t in live]
-        seqs = [torch.tensor(t.prompt + t.ids, dtype=torch.int64) for t in live]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(live), width), self.pad_id, dtype=torch.int64)
-        mask = torch.zeros((len(live), width), dtype=torch.bool)
-        for r, s in enumerate(seqs):
-            ids[r, width - len(s) :], mask[r, width - len(s) :] = s, True
-        out = self.engine.generate(ids, mask, dataclasses.replace(sampling, max_new_tokens=max(caps)))
+        sampling = dataclasses.replace(sampling, max_new_tokens=max(caps))
+        if self.continue_kv:
+            out, kvs = self.engine.generate_continuing([t.prompt + t.ids for t in live], [t.kv for t in live], sampling)
+        else:
+            out, kvs = self.engine.generate(*self._left_padded(live), sampling), [None] * len(live)
         for r, (t, cap) in enumerate(zip(live, caps, strict=True)):
             m = out.response_mask[r]
             new = out.response_ids[r][m].tolist()[:cap]
             stopped = out.finish_reason[r] == "stop" and int(m.sum()) <= cap
             t.append(new, True, out.rollout_log_probs[r][m].tolist()[:cap])
             t.turns += 1
+            t.kv = None if kvs[r] is None else kvs[r].truncated(len(t.prompt) + len(t.ids))
             t.messages.append({"role": "assistant", "content": self.tokenizer.decode(new, skip_special_tokens=True)})
             eot = self.renderer.end_of_turn_ids
             t.turn_tail = eot[1:] if stopped and new[-1:] == eot[:1] else eot  # closes the turn if it goes on
             if len(t.ids) >= budget:
                 t.finish = "length"
+
+    def _left_padded(self, live: list[Trajectory]) -> tuple[Tensor, Tensor]:
+        seqs = [torch.tensor(t.prompt + t.ids, dtype=torch.int64) for t in live]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(live), width), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(live), width), dtype=torch.bool)
+        for r, s in enumerate(seqs):
+            ids[r, width - len(s) :], mask[r, width - len(s) :] = s, True
+        return ids, mask
 
     def _after_step(self, t: Trajectory, outcome: tuple[str, Any], budget: int) -> None:
         """Record the step's result; end the trajectory or append the observation's tokens."""
