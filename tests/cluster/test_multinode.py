@@ -6,7 +6,7 @@ run in each node's own working directory, not the driver's.
   records each rank's Ray node id beside its pid) and gloo DDP keeps their weights identical —
   with 1 prompt per step, so rank 1 gets no group of its own every iteration (uneven batches),
   and 3 validation prompts on 2 ranks;
-- PACK keeps the pool on one node;
+- PACK keeps the pool on one node (with ``trainer.run_dir`` given as a ``file://`` URI);
 - a pool the cluster can never hold fails at start in one line;
 - node failure: node2's raylet is SIGKILLed (by PID) while the pool is inside iteration 2's
   update; the run stops with one line naming the pool and the lost node, a new node joins,
@@ -108,8 +108,9 @@ def test_strict_spread_puts_ranks_on_different_nodes_in_step(cluster, spread):
 
 
 def test_pack_keeps_the_pool_on_one_node(cluster, runs, data, prefect_api):
+    # the run directory as a file:// URI (shared storage named by URI; every node sees this path)
     rc, run_dir, log = _run(cluster, runs, data, prefect_api, "pack", "PACK", **{
-        "trainer.total_iterations": "1", "trainer.val_before_train": "false"})
+        "trainer.total_iterations": "1", "trainer.val_before_train": "false", "trainer.run_dir": f"file://{runs}"})
     assert rc == 0, log[-4000:]
     started = events(run_dir)
     assert len(started) == 2 and len({e["node_id"] for e in started}) == 1, started

@@ -57,3 +57,10 @@ def test_check_fits_by_strategy(workers, cpus, gpus, strategy, fits):
     assert "\n" not in line
     assert line.startswith(f"pool 'main' asks for {workers} × {{CPU: {float(cpus)}, GPU: {float(gpus)}}} ({strategy})")
     assert "nodes: {CPU: 2}, {CPU: 1}" in line
+
+
+def test_run_dir_takes_file_uris_and_refuses_object_stores():
+    assert load_config(None, ["trainer.run_dir=file:///mnt/shared/runs"]).trainer.run_dir == "/mnt/shared/runs"
+    assert load_config(None, ["trainer.run_dir=/mnt/shared/runs"]).trainer.run_dir == "/mnt/shared/runs"
+    with pytest.raises(ConfigError, match=r"trainer.run_dir='s3://bucket/runs': .*not supported"):
+        load_config(None, ["trainer.run_dir=s3://bucket/runs"])
