@@ -31,6 +31,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hybridflow.config import ExperimentConfig, PoolConfig, config_from_dict
 from workers.dispatch import get_dispatch, protocol_of
 from workers.placement import PoolResourceError, bundle_of, check_pool_fits_cluster, describe, node_id
+from workers.pool_errors import PoolError
+from workers.pool_errors import cause as _cause
+from workers.pool_errors import root_cause as _root_cause
 from workers.pool_events import append_event, lost_ranks, pool_events_path, read_pool_events, weights_digest  # noqa: F401 (re-exported)
 
 ROLE_CLASSES = {
@@ -41,10 +44,6 @@ ROLE_CLASSES = {
 }
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
 ROLE_ORDER = ("policy", "reference", "critic", "reward")
-
-
-class PoolError(RuntimeError):
-    """A pool cannot serve: names the pool, the rank and the cause."""
 
 
 def role_class(role: str) -> type:
@@ -228,11 +227,6 @@ class Pool:
         return [p["pid"] for p in self.ping()]
 
 
-def _cause(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 def _actor_name(pool: str, rank: int) -> str:
     return f"{pool}/rank{rank}"
 
@@ -328,16 +322,6 @@ def _failed_rank(pool: Pool) -> int | str:
         except Exception:
             return rank
     return "?"
-
-
-def _root_cause(e: BaseException) -> str:
-    """The innermost error line of a Ray actor failure (e.g. 'FileNotFoundError: model path ...')."""
-    text = str(e)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if "Error" in ln.split(":")[0]:
-            return ln
-    return lines[-1] if lines else type(e).__name__
 
 
 def ensure_healthy(cfg: ExperimentConfig, pool: Pool, *, ckpt_root: str | None, wait_s: float = 300.0) -> Pool:
