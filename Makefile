@@ -31,9 +31,13 @@ demo: $(STAMP) $(ARITH)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=25 tests --ignore=tests/cluster
 
-# slow: a real multi-node Ray cluster (ray start processes on loopback) driven by `hybridflow train`;
+# slow: a real multi-node Ray cluster (ray start processes on loopback) driven by `hybridflow train`,
+# Prefect's database on a PostgreSQL server the tests start (Debian's postgresql, installed if missing);
 # docs/deploy.md says what it shows. CI runs it after `make test` (.ci/run).
 test-cluster: $(STAMP)
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ apt-get update -q && apt-get install -y -q postgresql; } || \
+		{ echo "test-cluster needs PostgreSQL's server binaries (apt-get install -y postgresql)"; exit 1; }
 	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=10 tests/cluster
 
 lint: $(STAMP)

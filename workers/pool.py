@@ -328,14 +328,14 @@ def ensure_healthy(cfg: ExperimentConfig, pool: Pool, *, ckpt_root: str | None, 
     """Wait until every rank answers a ping and is ready (a Ray restart restores the latest
     checkpoint). A multi-rank pool with a restarted rank is rebuilt as a whole. Raises
     PoolError when the pool cannot recover."""
-    rebuilt = _replace_lost_ranks(cfg, pool, ckpt_root)
-    if rebuilt is not None:
-        return rebuilt
     deadline = time.monotonic() + wait_s
     last: Exception | None = None
     while time.monotonic() < deadline:
-        try:
-            infos = pool.ping(deadline_s=max(1.0, deadline - time.monotonic()))
+        rebuilt = _replace_lost_ranks(cfg, pool, ckpt_root)  # Ray marks a node dead after missed heartbeats
+        if rebuilt is not None:
+            return rebuilt
+        try:  # short pings, so a node found dead meanwhile is acted on
+            infos = pool.ping(deadline_s=min(10.0, max(1.0, deadline - time.monotonic())))
             if all(i["ready"] for i in infos):
                 return pool
             if pool.world_size > 1:  # a rank restarted alone cannot rejoin the process group

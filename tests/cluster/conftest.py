@@ -1,6 +1,6 @@
 """Services for the cluster tests (``make test-cluster``; ``make test`` skips this folder): a real
-two-node Ray cluster and a Prefect server, started here on loopback addresses and stopped by the
-process groups and PIDs we started."""
+two-node Ray cluster, a PostgreSQL server and a Prefect server on it, started here on loopback
+addresses and stopped by the process groups and PIDs we started."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.postgres import start_postgres, start_prefect_on_postgres
 from tests.cluster.ray_cluster import REPO, LocalRayCluster, cluster_env
 
 VARIED_REWARD = '''
@@ -21,10 +22,23 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory):
-    from flows.runtime import start_prefect_server
+def postgres():
+    """A PostgreSQL server of our own (data in a temp folder the postgres user may enter)."""
+    import shutil
+    import tempfile
 
-    server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"), timeout_s=240)
+    pg = start_postgres(Path(tempfile.mkdtemp(prefix="hfc-pg-")))
+    try:
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(pg.data, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(postgres, tmp_path_factory):
+    """The Prefect server every run here reports to, with its database on PostgreSQL."""
+    server = start_prefect_on_postgres(postgres, tmp_path_factory.mktemp("prefect-home"))
     try:
         yield server.url
     finally:

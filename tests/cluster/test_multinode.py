@@ -1,4 +1,5 @@
-"""``hybridflow train`` against a real two-node Ray cluster (tests/cluster/ray_cluster.py): the
+"""``hybridflow train`` against a real two-node Ray cluster (tests/cluster/ray_cluster.py), with
+the Prefect server's database on PostgreSQL (tests/cluster/postgres.py): the
 driver attaches through ``placement.ray_address`` and starts no Ray of its own; the Ray workers
 run in each node's own working directory, not the driver's.
 
@@ -88,8 +89,10 @@ def spread(cluster, runs, data, prefect_api):
     return run_dir, log
 
 
-def test_strict_spread_puts_ranks_on_different_nodes_in_step(cluster, spread):
+def test_strict_spread_puts_ranks_on_different_nodes_in_step(cluster, spread, postgres):
     run_dir, log = spread
+    # the Prefect server keeps its flow runs in PostgreSQL
+    assert postgres.query("prefect", "select state_type from flow_run where name = 'train-spread'") == "COMPLETED"
     assert "Connected to Ray cluster" in log and "Started a local Ray instance" not in log
     ids = cluster.node_ids()
     started = events(run_dir)
