@@ -355,7 +355,7 @@ def _replace_lost_ranks(cfg: ExperimentConfig, pool: Pool, ckpt_root: str | None
     raise PoolError naming the pool and the lost node when they cannot hold it. None: no node lost."""
     if not ckpt_root:
         return None
-    lost = lost_ranks(os.path.dirname(os.path.normpath(ckpt_root)), pool.name)
+    lost = lost_ranks(os.path.dirname(os.path.normpath(ckpt_root)), pool.name, pool.world_size)
     if not lost:
         return None
     where = "; ".join(f"rank {r} ran on node {n['node_id']} ({n['ip']}), which is gone" for r, n in lost.items())

@@ -57,14 +57,14 @@ def weights_digest(workers: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def lost_ranks(run_dir: str, pool: str) -> dict[int, dict[str, str]]:
-    """Ranks of ``pool`` whose last recorded Ray node is no longer alive: {rank: {node_id, ip}}
-    (ip from Ray's node table; "?" when the node is unknown to it)."""
+def lost_ranks(run_dir: str, pool: str, world_size: int) -> dict[int, dict[str, str]]:
+    """Ranks (< ``world_size``) of ``pool`` whose last recorded Ray node is no longer alive:
+    {rank: {node_id, ip}} (ip from Ray's node table; "?" when the node is unknown to it)."""
     import ray
 
     last: dict[int, str] = {}
     for e in read_pool_events(run_dir, pool):
-        if e.get("node_id"):
+        if e.get("node_id") and e["rank"] < world_size:
             last[e["rank"]] = e["node_id"]
     nodes = {n["NodeID"]: n for n in ray.nodes()}
     return {rank: {"node_id": nid, "ip": str(nodes.get(nid, {}).get("NodeManagerAddress", "?"))}
