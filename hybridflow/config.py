@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # Names of the estimators / losses that ship with hybridflow. Config validation checks
 # against these without importing torch; a name outside them is looked up in the live
@@ -397,7 +397,8 @@ class TrainerConfig(_Section):
     total_iterations: int = Field(10, gt=0, description="RL iterations (steps) to run.")
     total_epochs: int = Field(100, gt=0, description="Upper bound on passes over the training prompts.")
     seed: int = Field(0, description="Seed for sampling, shuffling and initialisation.")
-    run_dir: str = Field("runs", description="Parent folder of run directories (any fsspec URI).")
+    run_dir: str = Field("runs", description="Parent folder of run directories: a path every node sees "
+                         "(a shared mount), plain or as a file:// URI.")
     run_id: str | None = Field(None, description="Run name; None = generated from time.")
     save_every: int = Field(5, ge=0, description="Checkpoint every N iterations (0 = only at the end).")
     val_every: int = Field(5, ge=0, description="Validate every N iterations (0 = never).")
@@ -417,6 +418,19 @@ class TrainerConfig(_Section):
         True, description="On resume, when the latest checkpoint does not match its manifest (truncated or changed "
         "files): resume from the newest intact checkpoint with a warning (true) or refuse to resume (false)."
     )
+
+    # ---- run directory URIs (issue 19) ----
+    @field_validator("run_dir")
+    @classmethod
+    def _local_run_dir(cls, v: str) -> str:
+        """``file://`` URIs become their path; other schemes fail (run state, checkpoints and pool
+        events are written with local file APIs, so an object store cannot hold a run yet)."""
+        if v.startswith("file://"):
+            return v[len("file://"):] or "/"
+        if "://" in v:
+            raise ValueError("the run directory must be a path every node sees (a shared mount), plain or "
+                             "file://; object-store URIs are not supported for trainer.run_dir yet")
+        return v
 
 
 class TrackingConfig(_Section):

@@ -17,7 +17,6 @@ the pool, the rank and the cause.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import socket
 import time
@@ -31,7 +30,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.config import ExperimentConfig, PoolConfig, config_from_dict
 from workers.dispatch import get_dispatch, protocol_of
-from workers.placement import bundle_of, check_pool_fits_cluster, describe, node_id
+from workers.placement import PoolResourceError, bundle_of, check_pool_fits_cluster, describe, node_id
+from workers.pool_errors import PoolError
+from workers.pool_errors import cause as _cause
+from workers.pool_errors import root_cause as _root_cause
+from workers.pool_events import append_event, lost_ranks, pool_events_path, read_pool_events, weights_digest  # noqa: F401 (re-exported)
 
 ROLE_CLASSES = {
     "policy": "workers.policy:PolicyWorker",
@@ -41,10 +44,6 @@ ROLE_CLASSES = {
 }
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
 ROLE_ORDER = ("policy", "reference", "critic", "reward")
-
-
-class PoolError(RuntimeError):
-    """A pool cannot serve: names the pool, the rank and the cause."""
 
 
 def role_class(role: str) -> type:
@@ -137,18 +136,15 @@ class WorkerHost:
         self.restored_from = path
 
     def _record_start(self) -> None:
-        """Append ``{"event": "started", pool, rank, pid, node_id, restored_from, t}`` to the run's
+        """Append ``{"event": "started", pool, rank, pid, node_id, cwd, restored_from, t}`` to the run's
         ``pool_events.jsonl`` (beside ``checkpoints/``): one line per (re)start of a rank, so a
         run's restarts and what each restored survive the actor and the pool (a Ray restart is
         otherwise visible only to whoever held the old handle)."""
-        if not self.ckpt_root:
-            return
-        path = pool_events_path(os.path.dirname(os.path.normpath(self.ckpt_root)))
-        line = {"event": "started", "pool": self.pool_name, "rank": self.rank, "pid": os.getpid(),
-                "node_id": node_id(), "restored_from": self.restored_from, "t": time.time()}
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        self._record({"event": "started", "restored_from": self.restored_from, "cwd": os.getcwd()})
+
+    def _record(self, fields: dict[str, Any]) -> None:
+        if self.ckpt_root:
+            append_event(self.ckpt_root, {"pool": self.pool_name, "rank": self.rank, **fields})
 
     # ---- serving ----
     def is_ready(self) -> bool:
@@ -165,7 +161,10 @@ class WorkerHost:
         }
 
     def shutdown(self) -> None:
-        """Release what workers hold outside this process (e.g. reward process pools)."""
+        """Record a ``stopped`` event (with :meth:`weights_digest`), then release what workers hold
+        outside this process (e.g. reward process pools)."""
+        if self.workers:
+            self._record({"event": "stopped", "weights_sha256": weights_digest(self.workers)})
         for worker in self.workers.values():
             close = getattr(worker, "close", None)
             if close is not None:
@@ -226,25 +225,6 @@ class Pool:
 
     def pids(self) -> list[int]:
         return [p["pid"] for p in self.ping()]
-
-
-def pool_events_path(run_dir: str) -> str:
-    return os.path.join(run_dir, "pool_events.jsonl")
-
-
-def read_pool_events(run_dir: str, pool: str | None = None) -> list[dict[str, Any]]:
-    """The ``started`` records of a run's pool ranks, oldest first (``pool`` filters by name)."""
-    path = pool_events_path(run_dir)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        events = [json.loads(line) for line in f if line.strip()]
-    return [e for e in events if pool is None or e["pool"] == pool]
-
-
-def _cause(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def _actor_name(pool: str, rank: int) -> str:
@@ -344,16 +324,6 @@ def _failed_rank(pool: Pool) -> int | str:
     return "?"
 
 
-def _root_cause(e: BaseException) -> str:
-    """The innermost error line of a Ray actor failure (e.g. 'FileNotFoundError: model path ...')."""
-    text = str(e)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if "Error" in ln.split(":")[0]:
-            return ln
-    return lines[-1] if lines else type(e).__name__
-
-
 def ensure_healthy(cfg: ExperimentConfig, pool: Pool, *, ckpt_root: str | None, wait_s: float = 300.0) -> Pool:
     """Wait until every rank answers a ping and is ready (a Ray restart restores the latest
     checkpoint). A multi-rank pool with a restarted rank is rebuilt as a whole. Raises
@@ -361,8 +331,11 @@ def ensure_healthy(cfg: ExperimentConfig, pool: Pool, *, ckpt_root: str | None, 
     deadline = time.monotonic() + wait_s
     last: Exception | None = None
     while time.monotonic() < deadline:
-        try:
-            infos = pool.ping(deadline_s=max(1.0, deadline - time.monotonic()))
+        rebuilt = _replace_lost_ranks(cfg, pool, ckpt_root)  # Ray marks a node dead after missed heartbeats
+        if rebuilt is not None:
+            return rebuilt
+        try:  # short pings, so a node found dead meanwhile is acted on
+            infos = pool.ping(deadline_s=min(10.0, max(1.0, deadline - time.monotonic())))
             if all(i["ready"] for i in infos):
                 return pool
             if pool.world_size > 1:  # a rank restarted alone cannot rejoin the process group
@@ -374,6 +347,25 @@ def ensure_healthy(cfg: ExperimentConfig, pool: Pool, *, ckpt_root: str | None, 
                 break
         time.sleep(0.5)
     raise PoolError(f"pool {pool.name!r} did not recover within {wait_s}s: {last}")
+
+
+def _replace_lost_ranks(cfg: ExperimentConfig, pool: Pool, ckpt_root: str | None) -> Pool | None:
+    """A rank whose Ray node died never answers (its actor waits for a place its placement group
+    allows). Rebuild the pool on the nodes that are left (restoring the latest checkpoint), or
+    raise PoolError naming the pool and the lost node when they cannot hold it. None: no node lost."""
+    if not ckpt_root:
+        return None
+    lost = lost_ranks(os.path.dirname(os.path.normpath(ckpt_root)), pool.name, pool.world_size)
+    if not lost:
+        return None
+    where = "; ".join(f"rank {r} ran on node {n['node_id']} ({n['ip']}), which is gone" for r, n in lost.items())
+    try:
+        check_pool_fits_cluster(pool.name, cfg.placement.pools[pool.name])
+    except PoolResourceError as e:
+        raise PoolError(f"pool {pool.name!r}: {where}; the nodes left cannot hold it ({e}); add a node, "
+                        f"then `hybridflow train --resume <run dir>`") from None
+    destroy_pool(pool, grace_s=10.0)
+    return create_pool(cfg, pool.name, namespace=pool.namespace, ckpt_root=ckpt_root)
 
 
 def destroy_pool(pool: Pool, *, grace_s: float = 30.0) -> None:

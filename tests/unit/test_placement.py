@@ -57,3 +57,33 @@ def test_check_fits_by_strategy(workers, cpus, gpus, strategy, fits):
     assert "\n" not in line
     assert line.startswith(f"pool 'main' asks for {workers} × {{CPU: {float(cpus)}, GPU: {float(gpus)}}} ({strategy})")
     assert "nodes: {CPU: 2}, {CPU: 1}" in line
+
+
+def test_run_dir_takes_file_uris_and_refuses_object_stores():
+    assert load_config(None, ["trainer.run_dir=file:///mnt/shared/runs"]).trainer.run_dir == "/mnt/shared/runs"
+    assert load_config(None, ["trainer.run_dir=/mnt/shared/runs"]).trainer.run_dir == "/mnt/shared/runs"
+    with pytest.raises(ConfigError, match=r"trainer.run_dir='s3://bucket/runs': .*not supported"):
+        load_config(None, ["trainer.run_dir=s3://bucket/runs"])
+
+
+def test_lost_ranks_are_the_ranks_whose_last_node_is_dead(tmp_path, monkeypatch):
+    import json
+
+    import ray
+
+    from workers.pool_events import lost_ranks
+
+    rows = [{"event": "started", "pool": "main", "rank": 0, "node_id": "A"},
+            {"event": "started", "pool": "main", "rank": 1, "node_id": "B"},
+            {"event": "started", "pool": "main", "rank": 2, "node_id": "B"},  # a rank of an older, larger pool
+            {"event": "started", "pool": "main", "rank": 1, "node_id": "C"},  # rank 1 restarted on C
+            {"event": "started", "pool": "reward", "rank": 0, "node_id": "B"}]
+    (tmp_path / "pool_events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    nodes = [{"NodeID": "A", "Alive": True, "NodeManagerAddress": "10.0.0.1"},
+             {"NodeID": "B", "Alive": False, "NodeManagerAddress": "10.0.0.2"},
+             {"NodeID": "C", "Alive": False, "NodeManagerAddress": "10.0.0.3"}]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    assert lost_ranks(str(tmp_path), "main", 2) == {1: {"node_id": "C", "ip": "10.0.0.3"}}
+    nodes[2]["Alive"] = True
+    assert lost_ranks(str(tmp_path), "main", 2) == {}
+    assert lost_ranks(str(tmp_path), "reward", 1) == {0: {"node_id": "B", "ip": "10.0.0.2"}}

@@ -1,0 +1,96 @@
+"""Services for the cluster tests (``make test-cluster``; ``make test`` skips this folder): a real
+two-node Ray cluster, a PostgreSQL server and a Prefect server on it, started here on loopback
+addresses and stopped by the process groups and PIDs we started."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.postgres import start_postgres, start_prefect_on_postgres
+from tests.cluster.ray_cluster import REPO, LocalRayCluster, cluster_env
+
+VARIED_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """Deterministic and varied between samples, so every update moves the weights."""
+    return (sum(map(ord, solution_str)) % 97) / 96.0
+'''
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server of our own (data in a temp folder the postgres user may enter)."""
+    import shutil
+    import tempfile
+
+    pg = start_postgres(Path(tempfile.mkdtemp(prefix="hfc-pg-")))
+    try:
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(pg.data, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(postgres, tmp_path_factory):
+    """The Prefect server every run here reports to, with its database on PostgreSQL."""
+    server = start_prefect_on_postgres(postgres, tmp_path_factory.mktemp("prefect-home"))
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Head (2 CPUs) + node2 (1 CPU): three logical CPUs on two raylets. A short root folder:
+    Ray's socket paths must stay under 107 characters."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="hfc-"))
+    c = LocalRayCluster(root)
+    try:
+        c.start_head(num_cpus=2)
+        c.add_node("node2", num_cpus=1)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def data(tmp_path_factory):
+    from hybridflow.data import write_rows
+    from hybridflow.data.tasks import make_arith
+
+    d = tmp_path_factory.mktemp("cluster-data")
+    write_rows(make_arith(6, difficulty=0, seed=11), str(d / "train.parquet"))
+    write_rows(make_arith(3, difficulty=0, seed=12), str(d / "val.parquet"))
+    (d / "varied_reward.py").write_text(VARIED_REWARD)
+    return d
+
+
+def train_cli(args: list[str], *, cwd: Path, log: Path, prefect_api: str) -> subprocess.Popen:
+    """``hybridflow train ARGS`` in its own process group (the driver: attaches to the cluster)."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**cluster_env(), "PREFECT_API_URL": prefect_api}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=cwd, env=env,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_cli(proc: subprocess.Popen, log: Path, timeout_s: float = 900) -> int:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hybridflow train did not finish in {timeout_s}s:\n{log.read_text(errors='replace')[-4000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait(timeout=30)
+
+
+__all__ = ["REPO", "train_cli", "wait_cli"]
