@@ -6,7 +6,7 @@ Runs as ``python -m hybridflow.rewards._worker FD`` started by :mod:`hybridflow.
 of a ``multiprocessing`` Pipe; the first message is ``(sys_path, spec, cfg_dict, plugins)``.
 Protocol (tuples over the pipe):
 
-- child → parent at start: ``("ready", reward_names, batched)`` or ``("load_error", message)``.
+- child → parent at start: ``("ready", reward_names, batched, reward_prefixes)`` or ``("load_error", message)``.
 - parent → child: ``("rows", call_id, [(row, payload), ...])`` — score each row, answering
   ``("row", call_id, row, status, value)`` as each finishes (so the parent knows which row a
   hang or crash happened on); ``("batch", call_id, [(row, payload), ...])`` — one batched call,
@@ -102,9 +102,9 @@ def worker_main(conn: Any, spec: str | None, cfg_dict: dict[str, Any], plugins: 
         for mod in plugins:
             importlib.import_module(mod)
         scorer = _Scorer(spec, cfg_dict)
-        from hybridflow.rewards.registry import reward_names
+        from hybridflow.rewards.registry import reward_names, reward_prefixes
 
-        conn.send(("ready", reward_names(), scorer.batched))
+        conn.send(("ready", reward_names(), scorer.batched, reward_prefixes()))
     except BaseException as e:  # noqa: BLE001 - report anything, including SystemExit
         conn.send(("load_error", f"{type(e).__name__}: {e}"))
         return

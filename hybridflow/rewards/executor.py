@@ -125,10 +125,13 @@ class RewardExecutor:
         if not items:
             return RewardResults(scores=[])
         if self.cfg.function is None:
-            unknown = sorted({it.data_source for it in items} - set(self._pool.reward_names))
+            names, prefixes = set(self._pool.reward_names), tuple(self._pool.reward_prefixes)
+            unknown = sorted({it.data_source for it in items
+                              if it.data_source not in names and not str(it.data_source).startswith(prefixes)})
             if unknown:
+                known = [*self._pool.reward_names, *(f"{p}*" for p in prefixes)]
                 raise UnknownDataSourceError(
-                    f"no reward registered for data_source {unknown}; registered: {', '.join(self._pool.reward_names)}"
+                    f"no reward registered for data_source {unknown}; registered: {', '.join(known)}"
                 )
         outcomes = self._pool.run(self._units(items), self.cfg.timeout_s)
         return self._collect(items, [outcomes[i] for i in range(len(items))])

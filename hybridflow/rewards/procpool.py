@@ -103,6 +103,7 @@ class ProcessPool:
         self._init = (list(sys.path), spec, cfg_dict, list(plugins))
         self._start_timeout_s = start_timeout_s
         self.reward_names: list[str] = []
+        self.reward_prefixes: list[str] = []  # data sources matched by prefix (e.g. every aime* name)
         self.batched = False
         self.restarts = 0
         self._call = 0
@@ -217,6 +218,7 @@ class ProcessPool:
     def _handle(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         if msg[0] == "ready":
             w.ready, self.reward_names, self.batched = True, list(msg[1]), bool(msg[2])
+            self.reward_prefixes = list(msg[3])
         elif msg[0] == "load_error":
             raise RewardLoadError(f"reward worker could not load the reward: {msg[1]}")
         elif msg[1] != self._call or not w.units:

@@ -105,8 +105,14 @@ def test_rule_rewards_a_few_hundred_rows_well_under_a_second(rule_executor):
 
 
 def test_unknown_data_source_fails_before_scoring(rule_executor):
-    with pytest.raises(UnknownDataSourceError, match="'no/such'"):
+    with pytest.raises(UnknownDataSourceError, match=r"'no/such'.*aime\*"):
         rule_executor.score([RewardItem("no/such", "x", "1")])
+
+
+def test_a_data_source_claimed_by_a_prefix_is_scored_in_the_executor(rule_executor):
+    # 'aime_2026' is no registered name; DAPO's scorer claims every 'aime*' name (verl routes them so)
+    res = rule_executor.score([RewardItem("aime_2026", "so\nAnswer: 42", "42"), RewardItem("aime_2026", "Answer: 7", "42")])
+    assert res.scores == [1.0, -1.0] and res.failures == [None, None]
 
 
 def test_rule_reward_raising_on_bad_truth_is_an_error_row(rule_executor):
