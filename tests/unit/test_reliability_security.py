@@ -33,14 +33,26 @@ def _unsafe_loads(tree: ast.AST) -> list[str]:
     return found
 
 
+# The one reviewed exception, by file and count: an environment instance travels between the
+# environment worker processes of one rollout as a pickle made by those processes from the user's
+# own environment class (the same trust as multiprocessing's pipes, which pickle too). It is never
+# written to disk and never comes from the run folder or from model-written code (the python tool
+# runs in the sandbox and returns text).
+IN_MEMORY_IPC = {"hybridflow/agents/remote.py": 1}
+
+
 def test_product_code_never_unpickles():
     offenders = {}
     for folder in PRODUCT_DIRS:
         for path in sorted((REPO / folder).rglob("*.py")):
             hits = _unsafe_loads(ast.parse(path.read_text(), str(path)))
-            if hits:
-                offenders[str(path.relative_to(REPO))] = hits
+            rel = str(path.relative_to(REPO))
+            if hits and len(hits) != IN_MEMORY_IPC.get(rel):
+                offenders[rel] = hits
     assert offenders == {}
+    for rel in IN_MEMORY_IPC:  # the exception keeps its promise: nothing of it touches a file
+        text = (REPO / rel).read_text()
+        assert "open(" not in text and "write_bytes" not in text and "fsspec" not in text
 
 
 def test_the_scan_finds_what_it_looks_for():
