@@ -57,8 +57,9 @@ def run(config: str, data: str, prompts: int, samples: int, overrides: list[str]
         if "messages" in rows:
             calls = [sum(1 for msg in conv if msg["role"] == "tool" and msg.get("name") != "error")
                      for conv in rows["messages"]]  # fmt: skip
-            failed = [sum(1 for msg in conv if msg["role"] == "tool" and ("Error" in msg["content"] or
-                          msg["content"].startswith(("error", "could not parse", "[no output]")))) for conv in rows["messages"]]
+            failed = [sum(1 for msg in conv if msg["role"] == "tool" and msg.get("name") != "error" and (
+                          "Error" in msg["content"] or msg["content"].startswith(("error", "[no output]"))))
+                      for conv in rows["messages"]]  # fmt: skip
             entry.update({
                 "samples_calling_the_tool": sum(c > 0 for c in calls),
                 "tool_calls": sum(calls),

@@ -49,6 +49,7 @@ def prefect_api(postgres, tmp_path_factory):
 def cluster():
     """Head (2 CPUs) + node2 (1 CPU): three logical CPUs on two raylets. A short root folder:
     Ray's socket paths must stay under 107 characters."""
+    import shutil
     import tempfile
 
     root = Path(tempfile.mkdtemp(prefix="hfc-"))
@@ -59,6 +60,7 @@ def cluster():
         yield c
     finally:
         c.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
