@@ -14,7 +14,7 @@ result that is a node result (``node``: str, ``ref``: a BatchRef dict or null, `
 name → number) with no ``__class__`` / ``__exc_type__`` key anywhere. Anything else is a
 :class:`ResultRecordError` naming the file:
 
-- :func:`check_result_records` — every record, when a run is resumed (before any server starts);
+- :func:`check_result_records` — every node record, when a run is resumed (before any server starts);
 - :func:`guard_cached_record` — the record a node is about to look up, from its cache-key
   function (``tasks.common.node_cache_key``), i.e. before Prefect reads it: a bad record is set
   aside as ``<key>.refused`` with one warning line and the node runs again.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -101,13 +102,21 @@ def check_result_record(path: str | os.PathLike) -> dict[str, Any]:
     return result
 
 
+# the names :func:`tasks.common.node_cache_key` gives: ``<run_id>-iter<000007>-<node>-<16 hex>``
+NODE_RECORD_NAME = re.compile(r".+-iter\d{6}-.+-[0-9a-f]{16}")
+
+
 def check_result_records(run_dir: str | os.PathLike) -> int:
-    """Check every record under ``<run_dir>/prefect-results`` (set-aside ``*.refused`` files are
-    skipped: nothing reads them). Returns how many were checked; raises ResultRecordError."""
+    """Check every node record under ``<run_dir>/prefect-results`` — the files named like a node
+    cache key, the only ones a resumed run looks up. Prefect also persists the records of task runs
+    that *failed* (``{"__exc_type__": ...}`` under a random name); no cache key points at them, so
+    nothing of hybridflow's or Prefect's reads them on a resume, and they are left alone, as are
+    set-aside ``*.refused`` files. Returns how many were checked; raises ResultRecordError."""
     folder = Path(run_dir) / "prefect-results"
     if not folder.is_dir():
         return 0
-    records = sorted(p for p in folder.rglob("*") if p.is_file() and REFUSED_SUFFIX not in p.name)
+    records = sorted(p for p in folder.rglob("*")
+                     if p.is_file() and REFUSED_SUFFIX not in p.name and NODE_RECORD_NAME.fullmatch(p.name))
     for path in records:
         check_result_record(path)
     return len(records)

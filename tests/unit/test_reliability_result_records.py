@@ -87,6 +87,21 @@ def test_resume_refuses_a_pickle_record_before_servers(tmp_path, good_data, caps
     assert check_result_records(run) == 1
 
 
+def test_the_record_of_a_failed_task_run_does_not_stop_a_resume(tmp_path):
+    """Prefect persists a failed task run's exception under a random name (seen in
+    test_recovery_and_extending's resumed run C); no cache key names it, so no resume reads it."""
+    run = tmp_path / "r"
+    records = result_storage_path(str(run))
+    records.mkdir(parents=True)
+    failed = json.dumps({"__exc_type__": "builtins.RuntimeError", "message": "injected failure"})
+    (records / "5e8d1ae0548040edb5e945086d7dfbc0").write_bytes(_record(JSON_SERIALIZER, failed))
+    (records / "r-iter000001-reward-0123456789abcdef").write_bytes(good_record())
+    assert check_result_records(run) == 1
+    (records / "r-iter000002-reward-0123456789abcdef").write_bytes(_record(JSON_SERIALIZER, failed))
+    with pytest.raises(ResultRecordError, match="r-iter000002-reward"):  # under a node's key it is refused
+        check_result_records(run)
+
+
 @pytest.mark.parametrize("make", [pickle_record, json_class_record])
 def test_a_planted_record_never_reaches_prefects_reader(tmp_path, make, monkeypatch):
     """During a run, Prefect looks a node's result up under its cache key with its ResultStore (the
