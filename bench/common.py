@@ -171,7 +171,7 @@ def load_model(path: str = DEMO_MODEL, *, seed: int = 0, tiny_hidden: int = 32, 
     """(model in eval mode, tokenizer) of ``model.path`` in float32 on CPU, dropout off."""
     from hybridflow.config import ModelConfig
     from hybridflow.models import load_causal_lm, load_tokenizer
-    from workers.training import disable_dropout
+    from workers.micro_batches import disable_dropout
 
     cfg = ModelConfig(path=path, tiny_hidden_size=tiny_hidden, tiny_layers=tiny_layers)
     model = disable_dropout(load_causal_lm(cfg, seed=seed)).eval()

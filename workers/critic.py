@@ -20,6 +20,7 @@ from hybridflow.config import ExperimentConfig
 from workers import checkpoint as C
 from workers import distributed as D
 from workers.dispatch import dispatch
+from workers.micro_batches import chunked_inference, disable_dropout
 from workers.policy import check_versions_agree, copy_batch
 from workers.shared_prefix import attention_mask
 from workers.training import (
@@ -27,8 +28,6 @@ from workers.training import (
     Optimization,
     OptimSettings,
     VersionedUpdates,
-    chunked_inference,
-    disable_dropout,
 )
 
 CRITIC_DIR, CRITIC_OPTIM_DIR = "critic", "critic_optim"

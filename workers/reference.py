@@ -16,8 +16,9 @@ from torch import nn
 from hybridflow.batch import Batch
 from hybridflow.config import ExperimentConfig
 from workers.dispatch import dispatch
-from workers.policy import PolicyWorker, copy_batch, sequence_log_probs
-from workers.training import chunked_inference, disable_dropout
+from workers.log_probs import sequence_log_probs
+from workers.micro_batches import chunked_inference, disable_dropout
+from workers.policy import PolicyWorker, copy_batch
 
 
 class ReferenceWorker:

@@ -232,7 +232,7 @@ def hf_rollout(runner):
 
 
 def test_hf_rollout_log_probs_equal_recomputed_on_model_tokens(hf_rollout):
-    from workers.policy import sequence_log_probs
+    from workers.log_probs import sequence_log_probs
 
     model, out, batch = hf_rollout
     assert max(out.non_tensors["num_turns"]) == 3 and out.observation_mask.any()  # really multi-turn
@@ -250,7 +250,7 @@ def test_hf_rollout_log_probs_equal_recomputed_on_model_tokens(hf_rollout):
 
 def test_policy_loss_has_no_gradient_at_observation_positions(hf_rollout):
     from hybridflow.algorithms.registry import get_policy_loss
-    from workers.policy import sequence_log_probs
+    from workers.log_probs import sequence_log_probs
 
     model, out, batch = hf_rollout
     lp, _ = sequence_log_probs(model, batch, temperature=1.0)

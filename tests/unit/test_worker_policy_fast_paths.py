@@ -10,7 +10,8 @@ import torch
 from hybridflow.batch import BatchError
 from tasks.rollout import policy_log_probs_from_rollout
 from tests.unit._worker_helpers import prompt_batch, tiny_cfg, weights, with_advantages
-from workers.policy import PolicyWorker, accepts_logits_to_keep, sequence_log_probs
+from workers.log_probs import accepts_logits_to_keep, sequence_log_probs
+from workers.policy import PolicyWorker
 
 
 def test_auto_takes_rollout_log_probs_only_for_the_hf_engine():
@@ -111,7 +112,7 @@ def test_micro_batches_see_only_their_own_width(monkeypatch):
     """Each micro-batch is trimmed to its own longest row; the policy (a plain module, which shares
     prompt forwards) keeps a prompt's rows together, ordered by length; without prompt sharing
     rows are ordered by length alone."""
-    from workers.training import by_length
+    from workers.micro_batches import by_length
 
     worker = PolicyWorker(tiny_cfg("actor.micro_batch_trajectories=2", "actor.old_log_probs=recompute"))
     assert worker.optim.group_by_prompt
