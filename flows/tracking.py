@@ -19,6 +19,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -165,11 +166,13 @@ def log_hf_model(run_id: str, policy_dir: str, step: int, name: str = "policy") 
     import transformers
     from mlflow.models import Model
 
-    info = Model.log(artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, step=step,
-                     python_model=str(MODEL_FILE), artifacts={"hf_model": str(policy_dir)},
-                     pip_requirements=[f"torch=={torch.__version__.split('+')[0]}",
-                                       f"transformers=={transformers.__version__}", f"mlflow=={mlflow.__version__}"],
-                     tags={"hybridflow.step": str(step), "hybridflow.policy_dir": str(policy_dir)})
+    with warnings.catch_warnings():  # the pyfunc takes a DataFrame of prompts; no type-hint schema wanted
+        warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
+        info = Model.log(artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, step=step,
+                         python_model=str(MODEL_FILE), artifacts={"hf_model": str(policy_dir)},
+                         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}",
+                                           f"transformers=={transformers.__version__}", f"mlflow=={mlflow.__version__}"],
+                         tags={"hybridflow.step": str(step), "hybridflow.policy_dir": str(policy_dir)})
     return info.model_uri
 
 

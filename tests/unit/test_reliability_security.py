@@ -148,6 +148,9 @@ def test_credentials_in_uris_are_redacted_from_params_and_config_artifact(monkey
         def create_experiment(self, name):
             return "1"
 
+        def set_experiment_tag(self, experiment_id, key, value):
+            logged.append(f"{key}={value}")
+
         def create_run(self, experiment_id, run_name, tags):
             return type("Run", (), {"info": type("Info", (), {"run_id": "r"})})
 
