@@ -80,7 +80,7 @@ def train_cli(args: list[str], *, cwd: Path, log: Path, prefect_api: str) -> sub
     cwd.mkdir(parents=True, exist_ok=True)
     env = {**cluster_env(), "PREFECT_API_URL": prefect_api}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "-v", *args], cwd=cwd, env=env,
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
