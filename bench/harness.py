@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ class HybridflowRunner:
     ray_system_config: dict[str, Any] | None = None  # e.g. keep idle Ray workers alive (see overhead.py)
 
     def start(self) -> HybridflowRunner:
+        from flows.run_pools import run_pools
         from flows.run_state import open_run
         from flows.runtime import ensure_prefect_api
         from hybridflow.config import load_config
@@ -102,7 +104,9 @@ class HybridflowRunner:
                 if not self._owns_ray:
                     raise RuntimeError("Ray is already running: its _system_config cannot be changed")
                 init_ray(self.cfg, self.ray_system_config)
-            self.state.bring_up_pools()
+            self._pools = ExitStack()  # closed by stop(): the pools go before Ray does
+            self._pools.enter_context(run_pools(self.cfg, self.state.namespace, self.state.dir.checkpoints))
+            self.state.prepare_validation()
         except BaseException:
             self.stop()  # never leave a Prefect server or Ray behind
             raise
@@ -124,7 +128,7 @@ class HybridflowRunner:
         t0 = time.time()
         out = flow(run=self.base.with_iteration(self.it), inputs=self.state.flow_inputs(prompts))
         t1 = time.time()
-        _check_update(self.cfg, self.state, out["metrics"], self.it)
+        _check_update(self.cfg, self.state.trainer, out["metrics"], self.it)
         batch = load_node_output(out["results"]["rollout"])
         tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
         return {"wall_s": t1 - t0, "t0": t0, "t1": t1, "metrics": out["metrics"], "tokens": tokens,
@@ -134,6 +138,8 @@ class HybridflowRunner:
         import ray
 
         try:
+            if getattr(self, "_pools", None) is not None:
+                self._pools.close()  # run_pools' exit: destroy the pools (unless placement.keep_pools)
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
         finally:

@@ -7,19 +7,18 @@ done, checkpoint saved, stopped, finished); each observer decides what to show o
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from flows.artifacts import PrefectReporter
 from flows.console import RunConsole
-from flows.run_state import RunState
+from flows.run_state import RunSession
 from flows.tracking import Tracker
 
 STOP_REASONS = {"TrainingStopped": "nan_guard", "KeyboardInterrupt": "interrupted", "SystemExit": "terminated"}
 
 
 class RunObserver:
-    def __init__(self, state: RunState, tracker: Tracker, flow_run_id: str):
+    def __init__(self, state: RunSession, tracker: Tracker, flow_run_id: str):
         cfg = state.cfg
         self.state, self.tracker = state, tracker
         self.log_model = cfg.tracking.log_model
@@ -49,11 +48,11 @@ class RunObserver:
             return
         tag = f"hybridflow.model_uri.step_{it:06d}"
         logged = self.tracker.client.get_run(self.tracker.run_id).data.tags.get(tag)  # e.g. before a resume
-        policy_dir = Path(self.state.run_dir) / "checkpoints" / f"step_{it:06d}" / "policy"
+        policy_dir = f"{self.state.dir.step_dir(it)}/policy"
         if logged:
             self.model_uris[it] = logged
-        elif policy_dir.is_dir():
-            self.model_uris[it] = self.tracker.log_checkpoint_model(str(policy_dir), it)
+        elif self.state.dir.fs.isdir(policy_dir):
+            self.model_uris[it] = self.tracker.log_checkpoint_model(policy_dir, it)
             self.tracker.set_tag(tag, self.model_uris[it])
 
     def stopped(self, error: BaseException) -> None:
@@ -69,7 +68,7 @@ class RunObserver:
             self.checkpoint_saved(last, final=True)
         if self.model_uris:
             summary["mlflow_model_uri"] = self.model_uris[max(self.model_uris)]
-        hist = self.state.metrics_history()
+        hist = self.state.dir.metrics_history()
         summary["reward_curve"] = [hist[i]["critic/score/mean"] for i in sorted(hist) if "critic/score/mean" in hist[i]]
         self.prefect.summary(summary, self.tracker.run_link())
 

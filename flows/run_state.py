@@ -1,46 +1,49 @@
-"""The driver's state of one training run: identity, data, sampler, versions, metrics log,
-resume from the latest checkpoint, and the end-of-run summary.
+"""The driver's side of one training run: its folder, data, sampler and trainer state, the
+prompts of each iteration, resume from the latest checkpoint, and the end-of-run summary.
 
-Layout of a run directory (any fsspec-style local path here):
-    <trainer.run_dir>/<run_id>/
-        config.yaml  run.json  metrics.jsonl  execution_log.jsonl  summary.json
-        iter_000007/{prompts,rollout,reward,reference,values,advantage}.{safetensors,json}
-        updates_policy.jsonl  updates_critic.jsonl   (exactly-once ledgers)
-        checkpoints/step_000010/ ... checkpoints/latest
-        prefect-results/   (Prefect result storage: node-level cache)
+The parts live apart: the folder's layout and files in :mod:`flows.run_dir` (``RunDir``), what a
+checkpoint holds for the driver in :mod:`flows.trainer_state` (``TrainerState``), the pools'
+lifetime in :mod:`flows.run_pools`. :func:`open_run` creates or reopens a run and returns the
+:class:`RunSession` that ties them together for the train flow.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import dataclasses
 import time
-from pathlib import Path
 from typing import Any
 
+from flows.run_dir import RunDir
 from flows.run_lock import resolve_run_dir
+from flows.trainer_state import TrainerState
 from hybridflow.agents.render import marked_conversation
-from hybridflow.config import ExperimentConfig, dump_config, load_config
-from tasks.common import NodeResult, RunContext, load_node_output, result_storage_path
+from hybridflow.config import ExperimentConfig
+from tasks.common import NodeResult, RunContext, load_node_output
 from workers.pool import namespace_for
 
 
-class RunState:
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, *, resumed: bool):
+class RunSession:
+    """One open run (from :func:`open_run`): config, folder, data, sampler and trainer state.
+
+    ``trainer`` is the live :class:`TrainerState` (versions, KL coefficient, NaN-update count,
+    MLflow run); :meth:`trainer_state` snapshots it, with the sampler, for a checkpoint.
+    ``start_iteration`` is the first iteration to run (after the restored checkpoint's);
+    ``last_iteration`` / ``last_checkpoint_iteration`` / ``last_val_iteration`` the latest logged,
+    checkpointed and validated ones.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: RunDir, *, resumed: bool):
         self.cfg = cfg
-        self.run_dir = str(run_dir.resolve())
+        self.dir = run_dir
+        self.run_dir = run_dir.url
         self.run_id = run_dir.name
         self.resumed = resumed
         self.namespace = namespace_for(self.run_id)
-        self.policy_version = 0
-        self.critic_version = 0
-        self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef
-        self.bad_updates_in_a_row = 0
+        self.trainer = TrainerState(kl_coef=cfg.algorithm.kl_ctrl.kl_coef)
         self.start_iteration = 1
         self.last_iteration = 0
         self.last_checkpoint_iteration = 0
         self.last_val_iteration = -1
-        self.mlflow_run_id: str | None = None
         self.info: dict[str, Any] = {}
         self.validations: dict[int, dict[str, float]] = {}
         self.val_prompts: NodeResult | None = None
@@ -56,9 +59,9 @@ class RunState:
             release_run_lock(self.run_dir)
 
     def bind(self, **info: Any) -> None:
-        self.info.update(info)
-        self.mlflow_run_id = info.get("mlflow_run_id", self.mlflow_run_id)
-        (Path(self.run_dir) / "run.json").write_text(json.dumps({"run_id": self.run_id, **self.info}, indent=2))
+        """Record ``info`` (e.g. mlflow_run_id, prefect_flow_run_id) in run.json and in ``info``."""
+        self.info = self.dir.bind(**{**self.info, **info})
+        self.trainer.mlflow_run_id = info.get("mlflow_run_id", self.trainer.mlflow_run_id)
 
     def context(self, iteration: int) -> RunContext:
         return RunContext(self.run_id, self.run_dir, iteration, self.namespace, self.cfg.trainer.seed,
@@ -66,60 +69,34 @@ class RunState:
 
     def append_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
         self.last_iteration = iteration
-        clean = {k: v for k, v in metrics.items() if isinstance(v, float) and math.isfinite(v)}
-        with open(Path(self.run_dir) / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"iteration": iteration, "metrics": clean}) + "\n")
-
-    def metrics_history(self) -> dict[int, dict[str, float]]:
-        """Per-iteration metrics (the last record of each iteration wins, e.g. after a resume)."""
-        path = Path(self.run_dir) / "metrics.jsonl"
-        out: dict[int, dict[str, float]] = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                rec = json.loads(line)
-                out[rec["iteration"]] = rec["metrics"]
-        return out
+        self.dir.append_metrics(iteration, metrics)
 
     def record_validation(self, iteration: int, metrics: dict[str, float]) -> None:
         self.validations[iteration] = metrics
         self.last_val_iteration = iteration
-        with open(Path(self.run_dir) / "validation.jsonl", "a") as f:
-            f.write(json.dumps({"iteration": iteration, "metrics": metrics}) + "\n")
+        self.dir.append_validation(iteration, metrics)
 
-    def trainer_state(self, iteration: int) -> dict[str, Any]:
-        return {
-            "iteration": iteration,
-            "policy_version": self.policy_version,
-            "critic_version": self.critic_version,
-            "kl_coef": self.kl_coef,
-            "bad_updates_in_a_row": self.bad_updates_in_a_row,
-            "sampler": self.sampler.state_dict(),
-            "mlflow_run_id": self.mlflow_run_id,
-        }
+    def trainer_state(self, iteration: int) -> TrainerState:
+        """A snapshot of the trainer state at the end of ``iteration``, with the sampler's
+        position: what the checkpoint of that iteration saves (``.to_dict()``)."""
+        return dataclasses.replace(self.trainer, iteration=iteration, sampler=self.sampler.state_dict())
 
-    def restore(self, ckpt_root: str) -> None:
+    def restore(self) -> None:
         """Driver state from the checkpoint a resume loads: the latest one that matches its manifest
         (``trainer.resume_fallback``: else the newest intact one, with a warning; the pools' workers
-        then restore the same step, which ``latest`` names). Raises CheckpointError."""
+        then restore the same step, which ``latest`` names). Raises CheckpointError (a
+        TrainerStateError for a trainer_state.json with missing or unknown keys), PreflightError."""
         from flows.preflight import check_resume_folder
-        from workers.checkpoint import read_trainer_state
 
         path = check_resume_folder(self.run_dir, self.cfg, warn=_warn)
         if path is None:
             return
-        st = read_trainer_state(path)
-        self.policy_version = st["policy_version"]
-        self.critic_version = st["critic_version"]
-        self.kl_coef = st["kl_coef"]
-        self.bad_updates_in_a_row = st["bad_updates_in_a_row"]
-        self.sampler.load_state_dict(st["sampler"])
-        self.mlflow_run_id = st.get("mlflow_run_id")
-        self.start_iteration = st["iteration"] + 1
-        self.last_iteration = self.last_checkpoint_iteration = st["iteration"]
-        for rec in (Path(self.run_dir) / "validation.jsonl").read_text().splitlines() if (
-                Path(self.run_dir) / "validation.jsonl").exists() else []:
-            r = json.loads(rec)
-            self.validations[r["iteration"]] = r["metrics"]
+        state = TrainerState.read(path)
+        self.sampler.load_state_dict(state.sampler)
+        self.trainer = state
+        self.start_iteration = state.iteration + 1
+        self.last_iteration = self.last_checkpoint_iteration = state.iteration
+        self.validations.update(self.dir.validations())
 
     # ---- data ----
     def _load_data(self) -> None:
@@ -146,38 +123,20 @@ class RunState:
         return self._save_prompts(iteration, "prompts", list(indices), self.train_set)
 
     def flow_inputs(self, prompts: NodeResult) -> dict[str, Any]:
-        inputs: dict[str, Any] = {"prompts": prompts, "kl_coef": self.kl_coef, "policy_version": self.policy_version}
+        inputs: dict[str, Any] = {"prompts": prompts, "kl_coef": self.trainer.kl_coef,
+                                  "policy_version": self.trainer.policy_version}
         if self.cfg.needs_critic:
-            inputs["critic_version"] = self.critic_version
+            inputs["critic_version"] = self.trainer.critic_version
         return inputs
 
     def prepare_validation(self) -> None:
+        """Save the validation prompts (``iter_000000/val_prompts``); called once the pools are up."""
         if self.val_set is None:
             return
         n = len(self.val_set)
         if self.cfg.data.val_max_prompts:
             n = min(n, self.cfg.data.val_max_prompts)
         self.val_prompts = self._save_prompts(0, "val_prompts", list(range(n)), self.val_set)
-
-    # ---- pools ----
-    def bring_up_pools(self) -> None:
-        from flows.preflight import check_reward_function
-        from flows.runtime import ensure_ray
-        from workers.pool import create_pools
-
-        check_reward_function(self.cfg)  # before Ray and the pools: a clear error, not a dead actor
-        ensure_ray(self.cfg)
-        self.pools = create_pools(self.cfg, namespace=self.namespace, ckpt_root=f"{self.run_dir}/checkpoints")
-        self.prepare_validation()
-
-    def tear_down_pools(self) -> None:
-        from workers.pool import destroy_pool
-
-        if self.cfg.placement.keep_pools:
-            return
-        for pool in getattr(self, "pools", {}).values():
-            destroy_pool(pool)
-        self.pools = {}
 
     # ---- reporting ----
     def sample_rows(self, results: dict[str, NodeResult], limit: int = 8) -> list[dict[str, Any]]:
@@ -204,7 +163,7 @@ class RunState:
                 f"step={m.get('timing_s/step', float('nan')):.1f}s")
 
     def summary(self) -> dict[str, Any]:
-        hist = self.metrics_history()
+        hist = self.dir.metrics_history()
         scores = [hist[i].get("critic/score/mean") for i in sorted(hist)]
         scores = [s for s in scores if s is not None]
         val_keys = lambda m: {k: v for k, v in m.items() if k.startswith("val-core/")}  # noqa: E731
@@ -215,7 +174,7 @@ class RunState:
             "run_id": self.run_id,
             "run_dir": self.run_dir,
             "iterations": self.last_iteration,
-            "checkpoint": load_latest(f"{self.run_dir}/checkpoints"),
+            "checkpoint": load_latest(self.dir.checkpoints),
             "reward_first": scores[0] if scores else None,
             "reward_last": scores[-1] if scores else None,
             "val_before": val_keys(self.validations[vals[0]]) if vals else {},
@@ -236,11 +195,11 @@ def _warn(line: str) -> None:
         print(line, file=sys.stderr)
 
 
-def open_run(cfg: ExperimentConfig, *, resume: str | None, flow_run_id: str | None = None) -> RunState:
+def open_run(cfg: ExperimentConfig, *, resume: str | None, flow_run_id: str | None = None) -> RunSession:
     """Create a new run directory, or reopen one to resume (``resume`` = its path, or "auto").
 
     The run takes the folder's lock (:mod:`flows.run_lock`; re-entrant, so the CLI that already
-    holds it can run the flow); :meth:`RunState.close` releases it.
+    holds it can run the flow); :meth:`RunSession.close` releases it.
     ``flow_run_id``: the Prefect flow run that opens the run (recorded in run.json as
     ``prefect_flow_run_id``). When ``trainer.run_id`` names a run directory whose run.json was
     written by this same flow run, the flow run is being retried (the Prefect UI's Retry, or its
@@ -251,50 +210,48 @@ def open_run(cfg: ExperimentConfig, *, resume: str | None, flow_run_id: str | No
     """
     from flows.run_lock import acquire_run_lock, release_run_lock
 
-    run_dir, reopen = resolve_run_dir(cfg, resume)
+    path, reopen = resolve_run_dir(cfg, resume)
     if not reopen:
         from flows.preflight import check_run_dir
 
         check_run_dir(cfg)
-    acquire_run_lock(run_dir)
+    acquire_run_lock(path)
     try:
+        run_dir = RunDir(path)
         if reopen or (flow_run_id and _recorded_flow_run(run_dir) == flow_run_id):
             return _reopen(cfg, run_dir)  # resume, or a retry of the flow run that created it
-        if (run_dir / "run.json").exists():
-            raise FileExistsError(f"run directory {run_dir} exists; resume it with --resume {run_dir}")
+        if run_dir.is_run():
+            raise FileExistsError(f"run directory {path} exists; resume it with --resume {path}")
         return _create(cfg, run_dir)
     except BaseException:
-        release_run_lock(run_dir)
+        release_run_lock(path)
         raise
 
 
-def _create(cfg: ExperimentConfig, run_dir: Path) -> RunState:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    result_storage_path(str(run_dir)).mkdir(parents=True, exist_ok=True)
-    state = RunState(cfg, run_dir, resumed=False)
-    state.bind()
-    return state
+def _create(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
+    run_dir.create(cfg)
+    session = RunSession(cfg, run_dir, resumed=False)
+    session.bind()
+    return session
 
 
-def _recorded_flow_run(run_dir: Path) -> str | None:
+def _recorded_flow_run(run_dir: RunDir) -> str | None:
     """The Prefect flow run id that run.json records (None when absent or unreadable)."""
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("prefect_flow_run_id") or None
+        return run_dir.run_info().get("prefect_flow_run_id") or None
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def _reopen(cfg: ExperimentConfig, target: Path) -> RunState:
-    """Resume ``target`` from its latest checkpoint with its saved config; ``cfg`` may only
+def _reopen(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
+    """Resume ``run_dir`` from its latest checkpoint with its saved config; ``cfg`` may only
     extend it (a larger trainer.total_iterations)."""
-    saved = load_config(target / "config.yaml")
+    saved = run_dir.read_config()
     # the saved run defines the experiment; the caller may extend it (e.g. more iterations)
     merged = saved.model_copy(update={"trainer": saved.trainer.model_copy(
         update={"total_iterations": max(cfg.trainer.total_iterations, saved.trainer.total_iterations)})})
-    state = RunState(merged, target, resumed=True)
-    info = json.loads((target / "run.json").read_text())
-    state.info = {k: v for k, v in info.items() if k != "run_id"}
-    state.mlflow_run_id = info.get("mlflow_run_id")
-    state.restore(f"{state.run_dir}/checkpoints")
-    return state
+    session = RunSession(merged, run_dir, resumed=True)
+    session.info = run_dir.run_info()
+    session.trainer.mlflow_run_id = session.info.get("mlflow_run_id")
+    session.restore()
+    return session

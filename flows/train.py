@@ -19,8 +19,10 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
 from flows.observe import RunObserver
-from flows.run_state import RunState, open_run
+from flows.run_pools import run_pools
+from flows.run_state import RunSession, open_run
 from flows.tracking import Tracker, redact
+from flows.trainer_state import TrainerState
 from hybridflow.config import ExperimentConfig, config_from_dict, load_config
 from tasks.checkpoint import checkpoint
 from tasks.common import RunContext, result_storage_path
@@ -144,11 +146,11 @@ def _submit(cfg: ExperimentConfig, task: Any, **kwargs: Any) -> Any:
     return node_task.submit(**kwargs).result()
 
 
-def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: Tracker,
+def _validate(cfg: ExperimentConfig, state: RunSession, run: RunContext, tracker: Tracker,
               observer: RunObserver) -> dict[str, float]:
     if state.val_prompts is None:
         return {}
-    res = _submit(cfg, validate, run=run, val_prompts=state.val_prompts, policy_version=state.policy_version)
+    res = _submit(cfg, validate, run=run, val_prompts=state.val_prompts, policy_version=state.trainer.policy_version)
     metrics = {k: v for k, v in res["metrics"].items() if k.startswith(("val-core/", "val-aux/", "timing_s/"))}
     tracker.log_metrics(metrics, step=run.iteration)
     state.record_validation(run.iteration, metrics)
@@ -156,7 +158,7 @@ def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: 
     return metrics
 
 
-def _log_iteration(cfg: ExperimentConfig, state: RunState, it: int, out: dict[str, Any], tracker: Tracker) -> None:
+def _log_iteration(cfg: ExperimentConfig, state: RunSession, it: int, out: dict[str, Any], tracker: Tracker) -> None:
     m = out["metrics"]
     tracker.log_metrics(m, step=it)
     state.append_metrics(it, m)
@@ -167,36 +169,36 @@ def _log_iteration(cfg: ExperimentConfig, state: RunState, it: int, out: dict[st
             tracker.log_samples(rows, step=it)
 
 
-def _check_update(cfg: ExperimentConfig, state: RunState, metrics: dict[str, float], it: int) -> None:
+def _check_update(cfg: ExperimentConfig, trainer: TrainerState, metrics: dict[str, float], it: int) -> None:
     if metrics.get("actor/update_skipped", 0.0):
-        state.bad_updates_in_a_row += 1
-        metrics["actor/bad_updates_in_a_row"] = float(state.bad_updates_in_a_row)
+        trainer.bad_updates_in_a_row += 1
+        metrics["actor/bad_updates_in_a_row"] = float(trainer.bad_updates_in_a_row)
         get_run_logger().warning("iteration %d: policy update skipped (NaN/inf); %d in a row",
-                                 it, state.bad_updates_in_a_row)
-        if state.bad_updates_in_a_row >= cfg.trainer.max_bad_updates:
+                                 it, trainer.bad_updates_in_a_row)
+        if trainer.bad_updates_in_a_row >= cfg.trainer.max_bad_updates:
             raise TrainingStopped(
-                f"{state.bad_updates_in_a_row} policy updates in a row had a NaN/inf loss or gradient "
+                f"{trainer.bad_updates_in_a_row} policy updates in a row had a NaN/inf loss or gradient "
                 f"(trainer.max_bad_updates={cfg.trainer.max_bad_updates}); stopping at iteration {it}. "
                 "Lower actor.lr or check the rewards."
             )
     else:
-        state.bad_updates_in_a_row = 0
+        trainer.bad_updates_in_a_row = 0
         metrics["actor/bad_updates_in_a_row"] = 0.0
-        state.policy_version += 1
+        trainer.policy_version += 1
     if cfg.needs_critic and not metrics.get("critic/update_skipped", 0.0):
-        state.critic_version += 1
+        trainer.critic_version += 1
     if "critic/kl_coef_next" in metrics:
-        state.kl_coef = metrics["critic/kl_coef_next"]
+        trainer.kl_coef = metrics["critic/kl_coef_next"]
 
 
-def _checkpoint(cfg: ExperimentConfig, state: RunState, run: RunContext, observer: RunObserver,
+def _checkpoint(cfg: ExperimentConfig, state: RunSession, run: RunContext, observer: RunObserver,
                 final: bool = False) -> None:
-    _submit(cfg, checkpoint, run=run, trainer_state=state.trainer_state(run.iteration))
+    _submit(cfg, checkpoint, run=run, trainer_state=state.trainer_state(run.iteration).to_dict())
     state.last_checkpoint_iteration = run.iteration
     observer.checkpoint_saved(run.iteration, final=final or run.iteration == cfg.trainer.total_iterations)
 
 
-def _report_data(state: RunState, tracker: Tracker) -> None:
+def _report_data(state: RunSession, tracker: Tracker) -> None:
     """Dataset counts (prompts, skipped bad rows, filtered/truncated overlong prompts) as step-0 metrics."""
     tracker.log_metrics(state.data_report, step=0)
     skipped = int(state.data_report.get("data/train_skipped_rows", 0) + state.data_report.get("data/val_skipped_rows", 0))
@@ -213,6 +215,66 @@ def _train_run_name() -> str:
     return f"train-{Path(str(source)).stem}"
 
 
+def _open(cfg: ExperimentConfig, resume: str | None, flow_run_id: str) -> tuple[RunSession, Tracker]:
+    """Open the run (a retried flow run resumes) and its MLflow run; bind both in run.json."""
+    state = open_run(cfg, resume=resume, flow_run_id=flow_run_id or None)
+    tracker = Tracker(state.cfg, run_name=state.run_id, mlflow_run_id=state.trainer.mlflow_run_id,
+                      tags={"prefect.flow_run_id": flow_run_id, "hybridflow.run_dir": state.run_dir})
+    tracker.set_tag("prefect.flow_run_id", flow_run_id)
+    state.bind(mlflow_run_id=tracker.run_id, mlflow_uri=redact(tracker.uri), prefect_flow_run_id=flow_run_id)
+    get_run_logger().info("run %s in %s (MLflow run %s)", state.run_id, state.run_dir, tracker.run_id)
+    _report_data(state, tracker)
+    return state, tracker
+
+
+def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, run: RunContext, tracker: Tracker,
+                   rewards: _RewardGuard) -> dict[str, Any] | None:
+    """Iteration ``run.iteration`` as a subflow (``iteration_key``: its parent task's key), its
+    update checked and its metrics logged; None when the data is exhausted."""
+    cfg, it = state.cfg, run.iteration
+    prompts = state.next_prompts(it)
+    if prompts is None:
+        get_run_logger().info("data exhausted after %d epochs", cfg.trainer.total_epochs)
+        return None
+    t0 = time.perf_counter()
+    _key_by_iteration(iteration_key, it)  # a retried flow run files iteration k under iteration-k
+    out = iteration_flow(run=run, inputs=state.flow_inputs(prompts))
+    out["metrics"]["timing_s/iteration_wall"] = time.perf_counter() - t0
+    try:
+        _check_update(cfg, state.trainer, out["metrics"], it)
+        rewards.check(out, it)
+    finally:  # the iteration that stops the run is logged too
+        _log_iteration(cfg, state, it, out, tracker)
+    print(state.progress_line(it, out["metrics"]))  # to Prefect's logs (and the console with -v)
+    return out
+
+
+def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver) -> None:
+    """Validate before training, run the iterations (validating and checkpointing on schedule),
+    then the final checkpoint and validation when the data ran out before total_iterations."""
+    from flows.iteration import iteration
+
+    cfg, rewards = state.cfg, _RewardGuard(state.cfg)
+    iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
+    iteration_key = _subflow_key(iteration_flow)
+    base = state.context(0)
+    if cfg.trainer.val_before_train and state.start_iteration == 1:
+        _validate(cfg, state, base, tracker, observer)
+    for it in range(state.start_iteration, cfg.trainer.total_iterations + 1):
+        out = _run_iteration(state, iteration_flow, iteration_key, base.with_iteration(it), tracker, rewards)
+        if out is None:
+            break
+        observer.iteration_done(it, out["metrics"])
+        if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
+            _validate(cfg, state, base.with_iteration(it), tracker, observer)
+        if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:
+            _checkpoint(cfg, state, base.with_iteration(it), observer)
+    if state.last_iteration > state.last_checkpoint_iteration:  # data ran out before total_iterations
+        _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, final=True)
+    if cfg.trainer.val_every and state.last_val_iteration != state.last_iteration and state.val_prompts:
+        _validate(cfg, state, base.with_iteration(state.last_iteration), tracker, observer)
+
+
 @flow(name="train", flow_run_name=_train_run_name, log_prints=True, persist_result=False)
 def train(
     config: dict | None = None,
@@ -224,69 +286,29 @@ def train(
     ``resume`` = a run directory to continue (or "auto": the latest run under trainer.run_dir).
     Returns the summary dict (run dir, checkpoint, MLflow and Prefect ids, reward and
     validation accuracy before/after)."""
-    from flows.iteration import iteration
-
     _quiet_stops()
-    cfg = _resolve_config(config, config_path, overrides)
     flow_run_id = str(prefect_flow_run.id or "")
-    state = open_run(cfg, resume=resume, flow_run_id=flow_run_id or None)  # a retried flow run resumes
-    cfg = state.cfg
-    rewards = _RewardGuard(cfg)
-    logger = get_run_logger()
-    tracker = Tracker(cfg, run_name=state.run_id, mlflow_run_id=state.mlflow_run_id,
-                      tags={"prefect.flow_run_id": flow_run_id, "hybridflow.run_dir": state.run_dir})
-    tracker.set_tag("prefect.flow_run_id", flow_run_id)
-    state.bind(mlflow_run_id=tracker.run_id, mlflow_uri=redact(tracker.uri), prefect_flow_run_id=flow_run_id)
-    logger.info("run %s in %s (MLflow run %s)", state.run_id, state.run_dir, tracker.run_id)
-    _report_data(state, tracker)
+    state, tracker = _open(_resolve_config(config, config_path, overrides), resume, flow_run_id)
     observer = RunObserver(state, tracker, flow_run_id)
     status = "FAILED"
     try:
         observer.started()
-        state.bring_up_pools()
-        iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
-        iteration_key = _subflow_key(iteration_flow)
-        base = state.context(0)
-        if cfg.trainer.val_before_train and state.start_iteration == 1:
-            _validate(cfg, state, base, tracker, observer)
-        for it in range(state.start_iteration, cfg.trainer.total_iterations + 1):
-            prompts = state.next_prompts(it)
-            if prompts is None:
-                logger.info("data exhausted after %d epochs", cfg.trainer.total_epochs)
-                break
-            t0 = time.perf_counter()
-            _key_by_iteration(iteration_key, it)  # a retried flow run files iteration k under iteration-k
-            out = iteration_flow(run=base.with_iteration(it), inputs=state.flow_inputs(prompts))
-            out["metrics"]["timing_s/iteration_wall"] = time.perf_counter() - t0
-            try:
-                _check_update(cfg, state, out["metrics"], it)
-                rewards.check(out, it)
-            finally:  # the iteration that stops the run is logged too
-                _log_iteration(cfg, state, it, out, tracker)
-            print(state.progress_line(it, out["metrics"]))  # to Prefect's logs (and the console with -v)
-            observer.iteration_done(it, out["metrics"])
-            if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
-                _validate(cfg, state, base.with_iteration(it), tracker, observer)
-            if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:
-                _checkpoint(cfg, state, base.with_iteration(it), observer)
-        if state.last_iteration > state.last_checkpoint_iteration:  # data ran out before total_iterations
-            _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, final=True)
-        if cfg.trainer.val_every and state.last_val_iteration != state.last_iteration and state.val_prompts:
-            _validate(cfg, state, base.with_iteration(state.last_iteration), tracker, observer)
+        with run_pools(state.cfg, state.namespace, state.dir.checkpoints):
+            state.prepare_validation()  # after the pools are up, as the run always did
+            _train_loop(state, tracker, observer)
         status = "FINISHED"
     except BaseException as e:  # NaN guard, a failed node, Ctrl-C: a run.stopped event with the reason
         observer.stopped(e)
         raise
     finally:
         observer.close()
-        state.tear_down_pools()
         tracker.log_curves()
         tracker.finish(status)
         state.close()  # the folder's lock (the CLI, when it started the run, holds its own until it exits)
     summary = state.summary()
     observer.finished(summary)
-    Path(state.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
-    logger.info("summary: %s", json.dumps(summary))
+    state.dir.write_summary(summary)
+    get_run_logger().info("summary: %s", json.dumps(summary))
     return summary
 
 

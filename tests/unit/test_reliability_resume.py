@@ -1,4 +1,4 @@
-"""Resume at an epoch boundary: the driver's RunState (sampler state in the checkpoint's
+"""Resume at an epoch boundary: the driver's RunSession (sampler state in the checkpoint's
 trainer_state.json) continues with exactly the steps an uninterrupted run would still take,
 with the same prompts — verl's "resume at the epoch boundary trains zero steps" cannot happen.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.run_state import RunState, open_run
+from flows.run_state import RunSession, open_run
 from hybridflow.batch import BatchRef
 from hybridflow.config import load_config
 from hybridflow.data import write_rows
@@ -32,7 +32,7 @@ def cfg(tmp_path):
     ])
 
 
-def drive(state: RunState, stop_after: int | None = None) -> list[tuple[int, list[str]]]:
+def drive(state: RunSession, stop_after: int | None = None) -> list[tuple[int, list[str]]]:
     """The train flow's loop without the iteration body: (iteration, prompt uids) per step.
     ``stop_after``: write a checkpoint after that iteration and stop (the driver 'dies')."""
     steps = []
@@ -45,7 +45,7 @@ def drive(state: RunState, stop_after: int | None = None) -> list[tuple[int, lis
         if it == stop_after:
             root = f"{state.run_dir}/checkpoints"
             begin_save(root, it)
-            commit_save(root, it, state.trainer_state(it))
+            commit_save(root, it, state.trainer_state(it).to_dict())
             break
     return steps
 

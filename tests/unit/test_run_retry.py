@@ -35,10 +35,10 @@ def _first_attempt(cfg, flow_run_id: str):
     state = open_run(cfg, resume=None, flow_run_id=flow_run_id)
     state.bind(prefect_flow_run_id=flow_run_id, mlflow_run_id="m1")
     state.next_prompts(1)
-    state.policy_version = 1
+    state.trainer.policy_version = 1
     root = f"{state.run_dir}/checkpoints"
     begin_save(root, 1)
-    commit_save(root, 1, state.trainer_state(1))
+    commit_save(root, 1, state.trainer_state(1).to_dict())
     return state
 
 
@@ -47,7 +47,7 @@ def test_same_flow_run_resumes_its_run_directory(cfg):
     again = open_run(cfg, resume=None, flow_run_id="flow-run-a")
     assert again.resumed and again.run_dir == first.run_dir
     # from the checkpoint of iteration 1: the next iteration is 2, one policy update applied
-    assert (again.start_iteration, again.policy_version, again.mlflow_run_id) == (2, 1, "m1")
+    assert (again.start_iteration, again.trainer.policy_version, again.trainer.mlflow_run_id) == (2, 1, "m1")
     assert again.info["prefect_flow_run_id"] == "flow-run-a"
 
 
