@@ -77,10 +77,10 @@ class TrainerState:
         for key, kinds in _TYPES.items():
             value = data.get(key)
             if not isinstance(value, kinds) or isinstance(value, bool):
-                raise TrainerStateError(f"{source}: key {key!r} has {value!r}, not a {kinds[0].__name__}")
+                raise TrainerStateError(f"{source}: key {key!r} is {value!r}, expected {kinds[0].__name__}")
         mlflow_run_id = data.get("mlflow_run_id")
         if mlflow_run_id is not None and not isinstance(mlflow_run_id, str):
-            raise TrainerStateError(f"{source}: key 'mlflow_run_id' has {mlflow_run_id!r}, not a str or null")
+            raise TrainerStateError(f"{source}: key 'mlflow_run_id' is {mlflow_run_id!r}, expected str or null")
         return cls(**{**data, "sampler": dict(data["sampler"]), "mlflow_run_id": mlflow_run_id})
 
     @classmethod
