@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.run_dir import CHECKPOINTS, CONFIG, RUN_INFO
 from hybridflow.config import ExperimentConfig, config_from_dict, load_config
 
 # a dotted override (actor.lr=1e-6) that `--data a.parquet b.parquet` swallowed
@@ -189,9 +190,9 @@ def target_kwargs(model: str, step: str | None) -> dict[str, Any]:
         if step is not None:
             raise ValueError(f"--step: {model} is already one checkpoint (pass its run dir to choose a step)")
         return {"run_dir": str(p.parent.parent), "checkpoint": p.name}
-    if p.is_dir() and p.name == "checkpoints" and (p.parent / "config.yaml").is_file():
+    if p.is_dir() and p.name == CHECKPOINTS and (p.parent / CONFIG).is_file():
         p = p.parent
-    if p.is_dir() and (p / "config.yaml").is_file() and ((p / "run.json").is_file() or (p / "checkpoints").is_dir()):
+    if p.is_dir() and (p / CONFIG).is_file() and ((p / RUN_INFO).is_file() or (p / CHECKPOINTS).is_dir()):
         return {"run_dir": str(p), "checkpoint": step or "latest"}
     if step is not None:
         raise ValueError(f"--step applies to a run directory; {model} is not one")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import re
 import sys
 import time
@@ -100,13 +99,9 @@ def _kl_coef(run_dir: Path, iteration: int, cfg: Any) -> float | None:
     (metrics.jsonl ``critic/kl_coef_next``); None (= the config's) for the fixed controller."""
     if cfg.algorithm.kl_ctrl.type == "fixed":
         return None
-    path = run_dir / "metrics.jsonl"
-    value = None
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        rec = json.loads(line)
-        if rec["iteration"] == iteration - 1 and "critic/kl_coef_next" in rec["metrics"]:
-            value = rec["metrics"]["critic/kl_coef_next"]
-    return value
+    from flows.run_dir import RunDir
+
+    return RunDir(run_dir).metrics_history().get(iteration - 1, {}).get("critic/kl_coef_next")
 
 
 def gather_inputs(df: Any, name: str, run: Any, cfg: Any, *, use_debug: bool) -> dict[str, Any]:
@@ -253,13 +248,9 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
 
 
 def _run_metrics(run_dir: str, iteration: int) -> dict[str, float]:
-    path = Path(run_dir) / "metrics.jsonl"
-    out: dict[str, float] = {}
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        rec = json.loads(line)
-        if rec["iteration"] == iteration:
-            out = rec["metrics"]
-    return out
+    from flows.run_dir import RunDir
+
+    return RunDir(run_dir).metrics_history().get(iteration, {})
 
 
 def print_result(result: dict[str, Any], run_dir: str, iteration: int) -> None:

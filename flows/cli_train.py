@@ -14,6 +14,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from flows.run_dir import CONFIG, RunDir
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="YAML config (examples/grpo_arith.yaml)")
@@ -84,7 +86,7 @@ def _load(args: argparse.Namespace):
             return cfg, None
     else:
         target = Path(args.resume)
-    if not (target / "run.json").is_file() or not (target / "config.yaml").is_file():
+    if not RunDir(target).is_run() or not RunDir(target).exists(CONFIG):
         raise PreflightError(f"--resume {args.resume}: {target} is not a run directory (no run.json / config.yaml)")
     if args.config is None:
         cfg = load_config(target / "config.yaml", args.overrides)
@@ -132,7 +134,7 @@ def owned_run_dir(cfg, resume: str | None, *, apply_overrides: bool = False):
         cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"run_id": run_dir.name})})
     acquire_run_lock(run_dir)
     try:
-        if not reopen and (run_dir / "run.json").exists():
+        if not reopen and RunDir(run_dir).is_run():
             raise PreflightError(f"run directory {run_dir} already holds a run (trainer.run_id={run_dir.name!r}); "
                                  f"continue it with --resume {run_dir}, or choose another trainer.run_id")
         if reopen:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from flows.run_dir import EXECUTION_LOG
+
 CONSOLE_ENV = "HYBRIDFLOW_CONSOLE"  # "quiet" (the CLI's default) or "verbose" (-v); unset: as Prefect/Ray default
 
 # (metric, short label, format) shown per iteration; missing ones are left out
@@ -140,7 +142,7 @@ class RunConsole:
 
     def phase(self) -> str:
         """The nodes of the current iteration that have started, from the execution log."""
-        path = Path(self.run_dir) / "execution_log.jsonl"
+        path = Path(self.run_dir) / EXECUTION_LOG
         try:
             lines = path.read_text().splitlines()[-20:]
         except OSError:

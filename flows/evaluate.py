@@ -138,9 +138,11 @@ def _track(cfg: ExperimentConfig, target: EvalTarget, summary: dict[str, Any], s
             "hybridflow.model_path": target.model_path, "prefect.flow_run_id": summary["prefect_flow_run_id"]}
     if target.run_dir:
         tags |= {"hybridflow.run_dir": target.run_dir, "hybridflow.checkpoint_step": str(target.step)}
-        info = Path(target.run_dir, "run.json")
-        if info.is_file() and json.loads(info.read_text()).get("mlflow_run_id"):
-            tags["hybridflow.train_mlflow_run_id"] = json.loads(info.read_text())["mlflow_run_id"]
+        from flows.run_dir import RunDir
+
+        train_mlflow_run_id = RunDir(target.run_dir).run_info().get("mlflow_run_id")
+        if train_mlflow_run_id:
+            tags["hybridflow.train_mlflow_run_id"] = train_mlflow_run_id
     run = client.create_run(exp_id, run_name=f"eval-{target.label}", tags=tags)
     params = {"model.path": target.model_path, "data.val_files": cfg.data.val_files,
               "data.val_max_prompts": cfg.data.val_max_prompts, "samples_per_prompt": summary["samples_per_prompt"],

@@ -13,13 +13,13 @@ for); ``trainer.run_id`` / ``trainer.run_dir`` / ``trainer.resume`` name the run
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from flows.preflight import PreflightError
-from hybridflow.config import ExperimentConfig, dump_config, flatten_config, load_config
+from flows.run_dir import RunDir
+from hybridflow.config import ExperimentConfig, flatten_config
 
 IDENTITY_KEYS = ("trainer.run_id", "trainer.run_dir", "trainer.resume")
 FREE_KEYS = (*IDENTITY_KEYS, "trainer.resume_fallback")
@@ -49,8 +49,8 @@ def reconcile_resume_config(cfg: ExperimentConfig, run_dir: str | Path, *, apply
     requested and the saved value. With ``apply``: writes the new config.yaml and appends the
     change record to run.json. Call it while holding the run's lock.
     """
-    run_dir = Path(run_dir)
-    saved = load_config(run_dir / "config.yaml")
+    folder = RunDir(run_dir)
+    saved = folder.read_config()
     changes = config_changes(saved, cfg)
     if not changes:
         return _with_identity(cfg, saved)
@@ -61,24 +61,22 @@ def reconcile_resume_config(cfg: ExperimentConfig, run_dir: str | Path, *, apply
             "with its saved config: drop the override, or pass --override to apply it (recorded in run.json)"
         )
     merged = _with_identity(cfg, saved)
-    _record(run_dir, changes)
-    (run_dir / "config.yaml").write_text(dump_config(merged))
+    _record(folder, changes)
+    folder.write_config(merged)
     return merged
 
 
-def _record(run_dir: Path, changes: dict[str, tuple[Any, Any]]) -> None:
+def _record(folder: RunDir, changes: dict[str, tuple[Any, Any]]) -> None:
+    """Append the change record to run.json's ``config_overrides``."""
     from workers.checkpoint import load_latest
 
-    info = json.loads((run_dir / "run.json").read_text())
-    latest = load_latest(run_dir / "checkpoints")
-    info.setdefault("config_overrides", []).append({
+    latest = load_latest(folder.checkpoints)
+    record = {
         "at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "from_checkpoint": Path(latest).name if latest else None,
         "changes": {k: {"saved": old, "now": new} for k, (old, new) in changes.items()},
-    })
-    tmp = run_dir / "run.json.tmp"
-    tmp.write_text(json.dumps(info, indent=2))
-    tmp.replace(run_dir / "run.json")
+    }
+    folder.bind(config_overrides=[*folder.run_info().get("config_overrides", []), record])
 
 
 __all__ = ["config_changes", "reconcile_resume_config", "IDENTITY_KEYS", "FREE_KEYS"]

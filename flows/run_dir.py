@@ -202,8 +202,11 @@ class RunDir:
 
     # ---- file access ----
     def _write_text(self, name: str, text: str) -> None:
-        with self.fs.open(self._fs_path(name), "w") as f:
+        """Write ``<name>.tmp`` and move it over ``name``: a reader never sees half a file."""
+        tmp = self._fs_path(f"{name}.tmp")
+        with self.fs.open(tmp, "w") as f:
             f.write(text)
+        self.fs.mv(tmp, self._fs_path(name))
 
     def _read_text(self, name: str) -> str:
         with self.fs.open(self._fs_path(name), "r") as f:

@@ -232,16 +232,14 @@ def register_checkpoint(run_dir: str | Path, step: int, model_dir: str | Path, n
     is logged now from ``model_dir`` (an HF folder) as an output of the run's MLflow run. The
     tracking URI comes from the run's config (or $MLFLOW_TRACKING_URI). Returns the ModelVersion;
     ValueError when the run has no MLflow run recorded in run.json."""
-    import json
-
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from hybridflow.config import load_config
+    from flows.run_dir import RunDir
 
-    run_dir = Path(run_dir)
-    cfg = load_config(run_dir / "config.yaml")
-    mlflow_run_id = json.loads((run_dir / "run.json").read_text()).get("mlflow_run_id")
+    folder = RunDir(run_dir)
+    cfg = folder.read_config()
+    mlflow_run_id = folder.run_info().get("mlflow_run_id")
     if not mlflow_run_id:
         raise ValueError(f"{run_dir}/run.json records no MLflow run to register a model from")
     uri = tracking_uri(cfg)
