@@ -11,7 +11,7 @@ from flows.trainer_state import TrainerState, TrainerStateError
 from hybridflow.data import PromptSampler
 from workers.checkpoint import begin_save, commit_save, load_latest
 
-# the object the driver wrote before TrainerState existed (flows/run_state.py, RunState.trainer_state)
+# the object the driver wrote before TrainerState existed (RunState.trainer_state in flows/run_state.py)
 OLD_FORMAT = {
     "iteration": 4, "policy_version": 3, "critic_version": 4, "kl_coef": 0.0015, "bad_updates_in_a_row": 1,
     "sampler": {"epoch": 1, "step": 4, "step_in_epoch": 1, "num_prompts": 6, "prompts_per_step": 2,
