@@ -144,7 +144,7 @@ def plan_evaluation(
     A run's checkpoint is evaluated under the run's config.yaml unless ``config_path`` is given."""
     if run_dir:
         target = resolve_target(run_dir, checkpoint, model, "")
-        cfg = load_config(config_path or Path(run_dir) / "config.yaml", overrides)
+        cfg = load_config(config_path or Path(run_dir) / CONFIG, overrides)
     else:
         cfg = load_config(config_path, overrides)
         target = resolve_target(None, checkpoint, model, cfg.model.path)
@@ -184,7 +184,7 @@ def target_kwargs(model: str, step: str | None) -> dict[str, Any]:
     its ``checkpoints/latest`` pointer or one ``checkpoints/step_<N>`` folder; else {"model"}.
     Raises ValueError when --step is given for something that is not a run dir."""
     p = Path(model)
-    one_checkpoint = p.parent.name == "checkpoints" and (
+    one_checkpoint = p.parent.name == CHECKPOINTS and (
         (p.is_dir() and (p / "trainer_state.json").is_file()) or (p.name == "latest" and p.is_file()))
     if one_checkpoint:
         if step is not None:

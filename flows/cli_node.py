@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from flows.run_dir import RunDir
+
 # roles whose pools a node calls; a node not listed calls none
 NODE_ROLES: dict[str, tuple[str, ...]] = {"reward": ("reward",), "reference": ("reference",)}
 NOT_RUNNABLE: dict[str, str] = {
@@ -101,8 +103,6 @@ def _kl_coef(run_dir: Path, iteration: int, cfg: Any) -> float | None:
     (metrics.jsonl ``critic/kl_coef_next``); None (= the config's) for the fixed controller."""
     if cfg.algorithm.kl_ctrl.type == "fixed":
         return None
-    from flows.run_dir import RunDir
-
     return RunDir(run_dir).metrics_history().get(iteration - 1, {}).get("critic/kl_coef_next")
 
 
@@ -216,10 +216,11 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
     from workers.pool import namespace_for
 
     root = Path(run_dir).resolve()
-    if not (root / "config.yaml").is_file():
+    folder = RunDir(root)
+    if not Path(folder.config_file).is_file():
         raise NodeRunError(f"{run_dir!r} is not a run directory (no config.yaml)")
-    cfg = load_config(root / "config.yaml", overrides)
-    if not (root / f"iter_{iteration:06d}").is_dir():
+    cfg = load_config(folder.config_file, overrides)
+    if not Path(folder.iter_dir(iteration)).is_dir():
         its = _iterations(root)
         raise NodeRunError(f"run {root.name} has no iteration {iteration}; saved iterations: "
                            f"{', '.join(map(str, its)) or 'none'}")
@@ -246,8 +247,6 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
 
 
 def _run_metrics(run_dir: str, iteration: int) -> dict[str, float]:
-    from flows.run_dir import RunDir
-
     return RunDir(run_dir).metrics_history().get(iteration, {})
 
 

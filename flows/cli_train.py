@@ -89,7 +89,7 @@ def _load(args: argparse.Namespace):
     if not RunDir(target).is_run() or not RunDir(target).exists(CONFIG):
         raise PreflightError(f"--resume {args.resume}: {target} is not a run directory (no run.json / config.yaml)")
     if args.config is None:
-        cfg = load_config(target / "config.yaml", args.overrides)
+        cfg = load_config(target / CONFIG, args.overrides)
     return cfg, str(target)
 
 
@@ -104,7 +104,7 @@ def _preflight(cfg, resume: str | None) -> None:
         from flows.preflight import check_resume_folder
 
         check_resume_folder(resume, cfg, warn=lambda line: print(line, file=sys.stderr))
-    report = preflight(load_config(Path(resume) / "config.yaml") if resume else cfg)
+    report = preflight(load_config(Path(resume) / CONFIG) if resume else cfg)
     skipped = int(report.get("data/train_skipped_rows", 0) + report.get("data/val_skipped_rows", 0))
     if skipped:
         print(f"skipping {skipped} bad dataset rows (data.on_bad_row=skip)", file=sys.stderr)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flows.run_dir import CHECKPOINTS
 from hybridflow.config import ConfigError, ExperimentConfig
 
 
@@ -228,7 +229,7 @@ def check_resume_folder(run_dir: str | Path, cfg: ExperimentConfig, warn: Any = 
 
     try:
         check_result_records(run_dir)
-        return choose_resume_checkpoint(Path(run_dir) / "checkpoints", fallback=cfg.trainer.resume_fallback,
+        return choose_resume_checkpoint(Path(run_dir) / CHECKPOINTS, fallback=cfg.trainer.resume_fallback,
                                         warn=warn)
     except (ResultRecordError, CheckpointError) as e:
         raise PreflightError(f"--resume {run_dir}: {e}") from None
