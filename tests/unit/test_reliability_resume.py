@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from flows.run_state import RunState, open_run
-from hybridflow.batch import BatchRef
 from hybridflow.config import load_config
 from hybridflow.data import write_rows
 from hybridflow.data.tasks import make_arith
@@ -40,7 +39,7 @@ def drive(state: RunState, stop_after: int | None = None) -> list[tuple[int, lis
         prompts = state.next_prompts(it)
         if prompts is None:
             break
-        steps.append((it, list(BatchRef.from_dict(prompts["ref"]).load()["uid"])))
+        steps.append((it, list(prompts.load()["uid"])))
         state.last_iteration = it
         if it == stop_after:
             root = f"{state.run_dir}/checkpoints"
