@@ -181,6 +181,11 @@ class Batch:
             self.non_tensors[key] = list(value)
 
     # ---- row operations ----------------------------------------------------------------------
+    def shallow_copy(self) -> Batch:
+        """A new Batch sharing this one's tensors and lists, whose fields can be set or replaced
+        without touching this batch (the containers are copied, the values are not)."""
+        return Batch(self.tensors.clone(recurse=False), dict(self.non_tensors), dict(self.meta))
+
     def select(self, keys: Iterable[str]) -> Batch:
         """A batch with only ``keys`` (tensor or non-tensor); meta is kept."""
         keys = list(keys)

@@ -21,7 +21,7 @@ from workers import checkpoint as C
 from workers import distributed as D
 from workers.dispatch import dispatch
 from workers.micro_batches import chunked_inference, disable_dropout
-from workers.policy import check_versions_agree, copy_batch
+from workers.policy import check_versions_agree
 from workers.shared_prefix import attention_mask
 from workers.training import (
     MicroResult,
@@ -77,7 +77,7 @@ class CriticWorker:
         model = self._inference_model
         parts = chunked_inference(model, batch, self.cfg.critic.micro_batch_trajectories,
                                   lambda chunk: response_values(model, chunk).cpu())
-        out = copy_batch(batch)
+        out = batch.shallow_copy()
         out.set("values", torch.cat(parts).masked_fill(~batch["response_mask"], 0.0))
         return out
 

@@ -51,8 +51,8 @@ POLICY_DIR, POLICY_OPTIM_DIR = "policy", "policy_optim"
 
 
 def copy_batch(batch: Batch) -> Batch:
-    """A shallow copy whose fields can be added without touching the caller's batch."""
-    return Batch(batch.tensors.clone(recurse=False), dict(batch.non_tensors), dict(batch.meta))
+    """Deprecated: ``batch.shallow_copy()`` (kept only for tasks/rollout.py until it switches)."""
+    return batch.shallow_copy()
 
 
 def build_policy_module(cfg: ExperimentConfig, device: torch.device) -> nn.Module:
@@ -216,7 +216,7 @@ class PolicyWorker:
             return lp.float().cpu(), ent.float().cpu()
 
         parts = chunked_inference(self.inference_module, batch, self.cfg.actor.micro_batch_trajectories, run)
-        out = copy_batch(batch)
+        out = batch.shallow_copy()
         mask = batch["response_mask"]
         old = torch.cat([p[0] for p in parts]).masked_fill(~mask, 0.0)
         out.set("old_log_probs", old)

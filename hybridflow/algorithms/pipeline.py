@@ -128,7 +128,7 @@ def compute_advantages(
     """
     algo = cfg.algorithm
     _require(batch, ("token_level_scores", "response_mask"), "compute_advantages")
-    out = Batch(batch.tensors.clone(recurse=False), dict(batch.non_tensors), dict(batch.meta))
+    out = batch.shallow_copy()
     mask = _as_bool(out["response_mask"])
     rewards = out["token_level_scores"].to(torch.float32)
     metrics: dict[str, float] = {}

@@ -20,7 +20,7 @@ def cfg_for(strategy: str, *extra: str):
 
 def critic_batch(batch: Batch) -> Batch:
     """The rollout batch with old values 0 and returns 1 on the response (a fixed critic target)."""
-    out = Batch(batch.tensors.clone(recurse=False), dict(batch.non_tensors), dict(batch.meta))
+    out = batch.shallow_copy()
     mask = batch["response_mask"]
     out.set("values", torch.zeros(mask.shape))
     out.set("returns", mask.float())
