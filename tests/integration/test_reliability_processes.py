@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,10 +24,10 @@ import psutil
 import pytest
 
 from tests.integration.conftest import tiny_overrides
+from tests.train_process import start_train, train_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 FAILING_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -50,10 +49,7 @@ def data(tmp_path_factory):
 
 def _cli(args: list[str], out: Path, err: Path) -> subprocess.Popen:
     """The CLI in a session of its own, with no Prefect API set: it starts its own server and Ray."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "RAY_ADDRESS"))}
-    env.update(PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=str(REPO), env=env,
-                            stdout=open(out, "wb"), stderr=open(err, "wb"), start_new_session=True)
+    return start_train(args, log=out, err_log=err, env=train_env(drop=("PREFECT_API_URL", "RAY_ADDRESS")))
 
 
 def _tree(root: psutil.Process) -> dict[int, tuple[float, str]]:

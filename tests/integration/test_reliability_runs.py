@@ -27,7 +27,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -36,10 +35,10 @@ import pytest
 import torch
 
 from tests.integration.conftest import tiny_overrides
+from tests.train_process import kill_group, start_train
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 4
 VARIED_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -240,18 +239,7 @@ def test_worker_death_during_rollout_and_update(prefect_api, ray_cluster, runs, 
 
 # ---- D: driver death -------------------------------------------------------------------------------
 def _cli(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=str(REPO), env=env,
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group this test created (the CLI and whatever it started in it)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
+    return start_train(args, log=log)
 
 
 def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, reference, tmp_path):
@@ -274,9 +262,9 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
             time.sleep(0.05)
         assert second and all(p.poll() is not None for p in second), "the refused starts outlived the run"
     finally:
-        _kill_group(first)
+        kill_group(first)
         for p in second:
-            _kill_group(p)
+            kill_group(p)
     # one run owns its folder: both were refused in one line, before starting any server
     for p, log in zip(second, ("second.log", "again.log"), strict=True):
         out = (tmp_path / log).read_text().strip()
@@ -304,7 +292,7 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
     try:
         assert resumed.wait(timeout=1200) == 0, (tmp_path / "resume.log").read_text()[-3000:]
     finally:
-        _kill_group(resumed)
+        kill_group(resumed)
     after = [(e["iteration"], e["node"]) for e in read_jsonl(run_dir / "execution_log.jsonl") if e["t"] > killed_at]
     # from the last checkpoint (iteration 3) plus iteration 4's completed nodes: rollout and reward
     # come from the node cache; advantage only if it had not finished; the update always
