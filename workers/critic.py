@@ -53,7 +53,7 @@ class CriticWorker:
         self.model = D.wrap_for_training(self.module, D.pool_strategy(cfg, "critic"), world_size)
         self.sharded = D.is_fsdp(self.model)
         c = cfg.critic
-        steps = -(-cfg.trajectories_per_step // c.mini_batch_trajectories) * c.ppo_epochs
+        steps = -(-cfg.trajectories_per_iteration // c.mini_batch_trajectories) * c.ppo_epochs
         settings = OptimSettings(lr=c.lr, weight_decay=0.0, warmup_steps=c.lr_warmup_steps, schedule="constant",
                                  total_steps=cfg.trainer.total_iterations * steps, max_grad_norm=c.max_grad_norm)
         self.optim = Optimization(self.model, settings, world_size=world_size, prefix="critic")

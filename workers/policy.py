@@ -112,7 +112,7 @@ class PolicyWorker:
 
     def _optim_settings(self) -> OptimSettings:
         a, cfg = self.cfg.actor, self.cfg
-        steps_per_update = -(-cfg.trajectories_per_step // a.mini_batch_trajectories) * a.ppo_epochs
+        steps_per_update = -(-cfg.trajectories_per_iteration // a.mini_batch_trajectories) * a.ppo_epochs
         return OptimSettings(
             lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.lr_warmup_steps, schedule=a.lr_schedule,
             total_steps=cfg.trainer.total_iterations * steps_per_update, max_grad_norm=a.max_grad_norm,

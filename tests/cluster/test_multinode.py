@@ -47,7 +47,7 @@ def overrides(cluster, runs: Path, data: Path, run_id: str, strategy: str, **ext
         "trainer.save_every": "1",
         "trainer.val_before_train": "true",
         "trainer.plugins": "[tests.cluster.stall_plugin]",
-        "data.prompts_per_step": "1",
+        "data.prompts_per_iteration": "1",
         "actor.mini_batch_trajectories": "2",
         "rollout.max_response_tokens": "8",
         "reward.function": f"{data / 'varied_reward.py'}:compute_score",

@@ -11,7 +11,7 @@ from workers import checkpoint as C
 from workers import distributed as D
 from workers.policy import PolicyWorker
 
-SIZES = ["data.prompts_per_step=3", "actor.mini_batch_trajectories=6", "critic.mini_batch_trajectories=6"]
+SIZES = ["data.prompts_per_iteration=3", "actor.mini_batch_trajectories=6", "critic.mini_batch_trajectories=6"]
 
 
 def cfg_for(strategy: str, *extra: str):
