@@ -31,6 +31,7 @@ from hybridflow.algorithms import (
 )
 from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
+from hybridflow.metric_names import METRIC_NAMES
 from workers import checkpoint as C
 from workers import distributed as D
 from workers import shared_prefix
@@ -195,7 +196,7 @@ class PolicyWorker:
         maxes = D.all_reduce_max(torch.tensor([hi, neg_lo, seconds], dtype=torch.float64))
         rows = max(float(sums[1]), 1.0)
         return {
-            "timing_s/gen": float(maxes[2]),
+            METRIC_NAMES["rollout_time_s"]: float(maxes[2]),
             "response_length/mean": float(sums[0]) / rows,
             "response_length/max": float(maxes[0]),
             "response_length/min": -float(maxes[1]),
