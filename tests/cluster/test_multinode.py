@@ -29,6 +29,7 @@ from tests.cluster.conftest import train_cli
 from tests.cluster.stall_plugin import stall_dir
 from tests.integration.conftest import tiny_overrides
 from tests.train_process import wait_train
+from workers.checkpoint import checkpoint_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]
 ITERATIONS = 3
@@ -181,7 +182,7 @@ def test_node_failure_stops_the_run_and_resume_completes(cluster, runs, data, pr
     assert [(e["version_before"], e["iteration"]) for e in ledger] == [(0, 1), (1, 2), (2, 3)]
     ids = cluster.node_ids()
     assert {e["node_id"] for e in events(run_dir)[-2:]} == {ids["127.0.0.2"], ids["127.0.0.4"]}
-    want = policy_weights(spread[0] / "checkpoints" / f"step_{ITERATIONS:06d}")
-    got = policy_weights(run_dir / "checkpoints" / f"step_{ITERATIONS:06d}")
+    want = policy_weights(spread[0] / "checkpoints" / checkpoint_name(ITERATIONS))
+    got = policy_weights(run_dir / "checkpoints" / checkpoint_name(ITERATIONS))
     assert want.keys() == got.keys()
     assert [k for k in want if not torch.equal(want[k], got[k])] == []

@@ -25,6 +25,8 @@ import pytest
 
 from tests.integration.conftest import tiny_overrides
 from tests.train_process import start_train, train_env
+from workers import checkpoint as C
+from workers.checkpoint import checkpoint_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -151,4 +153,4 @@ def test_reward_failing_on_every_row_stops_the_run_in_one_line(tmp_path, data):
     records = [json.loads(x) for x in (runs / "failing" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [1, 2]  # the stopping iteration is logged, nothing after
     assert [r["metrics"]["reward/errors"] for r in records] == [4.0, 4.0]  # 2 prompts x 2 samples, all failed
-    assert sorted(p.name for p in (runs / "failing" / "checkpoints").glob("step_*")) == ["step_000001"]
+    assert sorted(p.name for p in (runs / "failing" / "checkpoints").glob(f"{C.CHECKPOINT_PREFIX}*")) == [checkpoint_name(1)]

@@ -36,6 +36,8 @@ import torch
 
 from tests.integration.conftest import tiny_overrides
 from tests.train_process import kill_group, start_train
+from workers import checkpoint as C
+from workers.checkpoint import checkpoint_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -161,7 +163,7 @@ def assert_versions_step_by_one(run_dir: Path) -> None:
     ledger = read_jsonl(run_dir / "updates_policy.jsonl")
     assert [(e["version_before"], e["iteration"]) for e in ledger] == [(0, 1), (1, 2), (2, 3), (3, 4)]
     for step in (3, 4):
-        state = json.loads((run_dir / "checkpoints" / f"step_{step:06d}" / "trainer_state.json").read_text())
+        state = json.loads((run_dir / "checkpoints" / checkpoint_name(step) / "trainer_state.json").read_text())
         assert state["policy_version"] == step
 
 
@@ -225,7 +227,7 @@ def test_worker_death_during_rollout_and_update(prefect_api, ray_cluster, runs, 
     assert [k["pid"] for k in killer.kills] == [s["pid"] for s in starts[:2]]
     assert len(starts) == 3 and len({s["pid"] for s in starts}) == 3, starts
     assert [s["restored_from"] for s in starts[:2]] == [None, None]
-    assert starts[2]["restored_from"].endswith("checkpoints/step_000003")
+    assert starts[2]["restored_from"].endswith(f"checkpoints/{checkpoint_name(3)}")
     assert summary["iterations"] == ITERATIONS
     # the killed nodes ran again (Prefect task retries); nothing else did
     log = executions(run_dir)
@@ -233,8 +235,8 @@ def test_worker_death_during_rollout_and_update(prefect_api, ray_cluster, runs, 
     assert log.count((2, "update_policy")) == 1 and log.count((4, "rollout")) == 1
     assert_versions_step_by_one(run_dir)
     assert comparable_metrics(run_dir) == comparable_metrics(reference)
-    assert_same_weights(policy_weights(run_dir / "checkpoints" / "step_000004"),
-                        policy_weights(reference / "checkpoints" / "step_000004"))
+    assert_same_weights(policy_weights(run_dir / "checkpoints" / checkpoint_name(4)),
+                        policy_weights(reference / "checkpoints" / checkpoint_name(4)))
 
 
 # ---- D: driver death -------------------------------------------------------------------------------
@@ -276,8 +278,8 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
     cut = comparable_metrics(run_dir)
     assert sorted(cut) == [1, 2, 3]
     assert cut == {i: comparable_metrics(reference)[i] for i in (1, 2, 3)}
-    assert_same_weights(policy_weights(run_dir / "checkpoints" / "step_000003"),
-                        policy_weights(reference / "checkpoints" / "step_000003"))
+    assert_same_weights(policy_weights(run_dir / "checkpoints" / checkpoint_name(3)),
+                        policy_weights(reference / "checkpoints" / checkpoint_name(3)))
     # the killed driver's pools die with it (Ray kills a dead job's actors): nothing leaks
     deadline = time.monotonic() + 120
     while True:
@@ -301,15 +303,15 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
     assert {i for i, _ in after} == {ITERATIONS}
     assert_versions_step_by_one(run_dir)
     assert comparable_metrics(run_dir) == comparable_metrics(reference)
-    assert_same_weights(policy_weights(run_dir / "checkpoints" / "step_000004"),
-                        policy_weights(reference / "checkpoints" / "step_000004"))
+    assert_same_weights(policy_weights(run_dir / "checkpoints" / checkpoint_name(4)),
+                        policy_weights(reference / "checkpoints" / checkpoint_name(4)))
     # and the weights moved at all (a run that never updated would also "match")
     from hybridflow.config import load_config
     from hybridflow.models import load_causal_lm
 
     cfg = load_config(None, cfg_args)
     initial = load_causal_lm(cfg.model, seed=cfg.trainer.seed).state_dict()
-    final = policy_weights(run_dir / "checkpoints" / "step_000004")
+    final = policy_weights(run_dir / "checkpoints" / checkpoint_name(4))
     assert any(not torch.equal(final[k], initial[k]) for k in final)
 
 
@@ -354,13 +356,13 @@ def test_reward_and_numerical_faults(prefect_api, ray_cluster, runs, data, tmp_p
     assert [m[i]["actor/weights_version"] for i in (1, 2, 3, 4)] == [0.0, 1.0, 1.0, 1.0]
     assert [m[i]["actor/bad_updates_in_a_row"] for i in (1, 2, 3, 4)] == [1.0, 0.0, 1.0, 2.0]
     ckpt = run_dir / "checkpoints"
-    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_000001", "step_000002", "step_000003"]
-    versions = [json.loads((ckpt / f"step_{i:06d}" / "trainer_state.json").read_text())["policy_version"]
+    assert sorted(p.name for p in ckpt.glob(f"{C.CHECKPOINT_PREFIX}*")) == [checkpoint_name(1), checkpoint_name(2), checkpoint_name(3)]
+    versions = [json.loads((ckpt / checkpoint_name(i) / "trainer_state.json").read_text())["policy_version"]
                 for i in (1, 2, 3)]
     assert versions == [0, 1, 1]
     cfg = load_config(None, ov)
     initial = {k: v for k, v in load_causal_lm(cfg.model, seed=cfg.trainer.seed).state_dict().items()}
-    w1, w2, w3 = (policy_weights(ckpt / f"step_{i:06d}") for i in (1, 2, 3))
+    w1, w2, w3 = (policy_weights(ckpt / checkpoint_name(i)) for i in (1, 2, 3))
     assert_same_weights(w1, {k: initial[k] for k in w1})  # skipped: untouched
     assert any(not torch.equal(w2[k], w1[k]) for k in w1)  # applied: moved
     assert_same_weights(w3, w2)  # skipped: untouched

@@ -20,9 +20,9 @@ def _write_step(root, step, payload: str, state: dict) -> str:
 
 def test_commit_moves_folder_and_points_latest(tmp_path):
     path = _write_step(tmp_path, 7, "w7", {"iteration": 7})
-    assert path == str(tmp_path / "step_000007")
-    assert (tmp_path / "latest").read_text() == "step_000007"
-    assert not (tmp_path / "step_000007.tmp").exists()
+    assert path == str(tmp_path / C.checkpoint_name(7))
+    assert (tmp_path / "latest").read_text() == C.checkpoint_name(7)
+    assert not (tmp_path / f"{C.checkpoint_name(7)}.tmp").exists()
     assert C.load_latest(tmp_path) == path
     assert C.read_trainer_state(path) == {"iteration": 7}
 
@@ -44,7 +44,7 @@ def test_interrupted_commit_leaves_previous_checkpoint(tmp_path, monkeypatch, fa
     with pytest.raises(C.CheckpointError, match="No space left"):
         C.finalize_checkpoint(tmp_path, 4, {"iteration": 4})
     monkeypatch.undo()
-    assert (tmp_path / "latest").read_text() == "step_000003"
+    assert (tmp_path / "latest").read_text() == C.checkpoint_name(3)
     assert C.load_latest(tmp_path) == good
     assert (C.Path(good) / "policy" / "weights.txt").read_text() == "w3"
     # the next attempt at step 4 starts from an empty staging folder
@@ -54,7 +54,7 @@ def test_interrupted_commit_leaves_previous_checkpoint(tmp_path, monkeypatch, fa
 
 def test_trainer_state_that_is_not_json_is_a_clear_error(tmp_path):
     C.begin_save(tmp_path, 1)
-    with pytest.raises(C.CheckpointError, match="step_000001"):
+    with pytest.raises(C.CheckpointError, match=C.checkpoint_name(1)):
         C.finalize_checkpoint(tmp_path, 1, {"bad": object()})
     assert C.load_latest(tmp_path) is None
 
@@ -85,8 +85,8 @@ def test_load_latest_falls_back_to_newest_complete_step(tmp_path):
     _write_step(tmp_path, 1, "a", {"i": 1})
     _write_step(tmp_path, 2, "b", {"i": 2})
     (tmp_path / "latest").unlink()
-    (tmp_path / "step_000009").mkdir()  # incomplete: no trainer_state.json
-    assert C.load_latest(tmp_path) == str(tmp_path / "step_000002")
+    (tmp_path / C.checkpoint_name(9)).mkdir()  # incomplete: no trainer_state.json
+    assert C.load_latest(tmp_path) == str(tmp_path / C.checkpoint_name(2))
 
 
 def test_resave_same_step_replaces_it(tmp_path):
