@@ -515,17 +515,6 @@ class ExperimentConfig(_Section):
         """Deprecated name of :attr:`trajectories_per_iteration`."""
         return self.trajectories_per_iteration
 
-    # ---- renamed keys --------------------------------------------------------------------------
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_keys(cls, data: Any) -> Any:
-        """Old key names (:data:`RENAMED_KEYS`) still load, with a warning naming the new key."""
-        if not isinstance(data, dict):
-            return data
-        for old, new in RENAMED_KEYS.items():
-            data = _rename_key(data, old, new)
-        return data
-
     @property
     def needs_critic(self) -> bool:
         return self.algorithm.adv_estimator in ESTIMATORS_NEEDING_VALUES
@@ -540,6 +529,17 @@ class ExperimentConfig(_Section):
         if self.actor.old_log_probs == "auto":
             return self.rollout.engine == "hf"
         return self.actor.old_log_probs == "rollout"
+
+    # ---- renamed keys --------------------------------------------------------------------------
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Old key names (:data:`RENAMED_KEYS`) still load, with a warning naming the new key."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in RENAMED_KEYS.items():
+            data = _rename_key(data, old, new)
+        return data
 
     # ---- cross-field checks --------------------------------------------------------------------
     @model_validator(mode="after")

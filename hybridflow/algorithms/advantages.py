@@ -5,10 +5,10 @@ Registry contract::
 
     fn(token_level_rewards, response_mask, *, <the inputs it uses>, **options) -> (advantages, returns)
 
-The inputs an estimator may declare are the fields of
-:class:`hybridflow.algorithms.registry.EstimatorInputs` (``uid``, ``values``, ``gamma``,
-``lam``, ``norm_by_std``, ``reward_baselines``); the pipeline passes each estimator only the
-ones it declares (all of them to one that takes ``**options``).
+The inputs an estimator may declare are ``uid``, ``values``, ``gamma``, ``lam``,
+``norm_by_std`` and ``reward_baselines``; the pipeline passes each estimator only the ones it
+declares (:func:`hybridflow.algorithms.registry.declared_inputs`; all of them to one that takes
+``**options``).
 
 token_level_rewards: [batch, response_len] float32 (the outcome score usually sits on the last
 response token); response_mask: [batch, response_len] bool; uid: one group label per sample (a
