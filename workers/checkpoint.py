@@ -13,7 +13,8 @@ A checkpoint is one folder per saved RL iteration under the run's checkpoint roo
 Runs from before issue 14 named the folders ``step_000007`` (the number was always the
 iteration): every reader here takes both names (:func:`list_checkpoints`,
 :func:`checkpoint_iteration`, :func:`checkpoint_dir`); :data:`CHECKPOINT_PREFIX` is what new
-checkpoints are written with.
+checkpoints are written with — still ``step_`` until flows/cli_export.py reads both names too
+(see the comment at :data:`CHECKPOINT_PREFIX`).
 
 Saving is two-phase so several workers (possibly in several processes) can write one checkpoint:
 
