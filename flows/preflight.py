@@ -10,7 +10,7 @@ key, the value and what is wrong:
 - a file of ``data.train_files`` / ``data.val_files`` is missing, not parquet/jsonl, has a bad
   row (unless ``data.on_bad_row=skip``: then the rows are skipped and counted) or a prompt
   longer than ``data.max_prompt_tokens`` (policy ``error``);
-- fewer usable prompts than ``data.prompts_per_step``;
+- fewer usable prompts than ``data.prompts_per_iteration``;
 - ``data.max_prompt_tokens`` (alone, or plus ``rollout.max_response_tokens``) longer than the
   model's context (``max_position_embeddings``);
 - a group-baseline advantage estimator (GRPO, RLOO, ...: registered with
@@ -190,10 +190,10 @@ def load_datasets(cfg: ExperimentConfig) -> Datasets:
             out.train_set = dataset
         else:
             out.val_set = dataset
-    n, per_step = len(out.train_set), cfg.data.prompts_per_step
-    if n < per_step:
+    n, per_iteration = len(out.train_set), cfg.data.prompts_per_iteration
+    if n < per_iteration:
         raise PreflightError(
-            f"data.prompts_per_step={per_step} but data.train_files hold {n} usable prompts "
+            f"data.prompts_per_iteration={per_iteration} but data.train_files hold {n} usable prompts "
             f"({int(out.report['data/train_skipped_rows'])} bad rows skipped, "
             f"{int(out.report['data/train_filtered_overlong'])} overlong filtered)"
         )

@@ -7,6 +7,7 @@ import pytest
 
 from flows.cli import main
 from tests.unit.test_cli_export import _fake_run
+from workers.checkpoint import checkpoint_name
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +65,7 @@ def test_eval_run_with_a_config_file_uses_that_config(fake_run, data_file, tmp_p
 
 
 def test_eval_step_of_a_checkpoint_folder_is_refused(fake_run, capsys):
-    assert main(["eval", "--model", str(fake_run / "checkpoints" / "step_000001"), "--step", "1"]) == 2
+    assert main(["eval", "--model", str(fake_run / "checkpoints" / checkpoint_name(1)), "--step", "1"]) == 2
     assert "already one checkpoint" in capsys.readouterr().err
 
 
@@ -77,8 +78,8 @@ def test_flow_kwargs_for_run_dir_checkpoint_folder_and_model(fake_run, data_file
 
     assert kw("--model", str(fake_run))["run_dir"] == str(fake_run)
     assert kw("--model", str(fake_run))["checkpoint"] == "latest"
-    folder = kw("--model", str(fake_run / "checkpoints" / "step_000001"))
-    assert (folder["run_dir"], folder["checkpoint"]) == (str(fake_run), "step_000001")
+    folder = kw("--model", str(fake_run / "checkpoints" / checkpoint_name(1)))
+    assert (folder["run_dir"], folder["checkpoint"]) == (str(fake_run), checkpoint_name(1))
     latest = kw("--model", str(fake_run / "checkpoints" / "latest"))  # the pointer file
     assert (latest["run_dir"], latest["checkpoint"]) == (str(fake_run), "latest")
     ckpts = kw("--model", str(fake_run / "checkpoints"), "--step", "1")
@@ -96,7 +97,7 @@ def test_plan_of_a_checkpoint_uses_its_policy_folder_and_only_policy_and_reward(
                                   overrides=["algorithm.adv_estimator=gae"], samples_per_prompt=3, temperature=0.7,
                                   max_prompts=2)
     assert target.step == 1 and target.label == "run-a@step1"
-    assert target.model_path == str((fake_run / "checkpoints" / "step_000001" / "policy").resolve())
+    assert target.model_path == str((fake_run / "checkpoints" / checkpoint_name(1) / "policy").resolve())
     assert cfg.model.path == target.model_path and cfg.model.tokenizer_path is None
     assert cfg.data.val_files == [data_file] and cfg.data.val_max_prompts == 2
     assert (cfg.rollout.val_samples_per_prompt, cfg.rollout.val_temperature) == (3, 0.7)

@@ -101,10 +101,10 @@ def test_full_disk_while_a_worker_writes_is_a_clear_error(tmp_path, monkeypatch)
 
     monkeypatch.setattr(C, "save_file", disk_full)
     tmp = C.begin_save(root, 2)
-    with pytest.raises(C.CheckpointError, match=r"policy rank 0: cannot write checkpoint to .*step_000002.*No space left"):
+    with pytest.raises(C.CheckpointError, match=rf"policy rank 0: cannot write checkpoint to .*{C.checkpoint_name(2)}.*No space left"):
         worker.save_checkpoint(tmp)
     # the step was never committed: latest still names step 1, which still loads
     assert C.load_latest(root) == first
-    assert (root / C.LATEST).read_text() == "step_000001"
+    assert (root / C.LATEST).read_text() == C.checkpoint_name(1)
     monkeypatch.undo()
     worker.load_checkpoint(first)
