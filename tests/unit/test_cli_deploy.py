@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import cli_deploy
 from flows.cli import build_parser
+from flows.cli import deploy as cli_deploy
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_YAML = ROOT / "deployments" / "prefect.yaml"
@@ -138,7 +138,7 @@ def test_module_imports_no_heavy_library():
     import sys
 
     code = (
-        "import sys, flows.cli_deploy; "
+        "import sys, flows.cli.deploy; "
         "heavy = {'prefect', 'ray', 'torch', 'mlflow'} & {m.split('.')[0] for m in sys.modules}; "
         "print(sorted(heavy))"
     )

@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_PREFECT_YAML = "deployments/prefect.yaml"
 DEPLOY_TIMEOUT_S = 600.0
 _CREATED_RE = re.compile(r"Deployment '([^'/]+)/([^']+)' successfully created with id '([0-9a-fA-F-]{36})'")
