@@ -40,6 +40,7 @@ def data_file(tmp_path_factory):
     (["--model", "tiny"], "no evaluation data: pass data_files"),
     (["--model", "tiny", "--data", "/no/such.parquet"], "evaluation data file '/no/such.parquet' does not exist"),
     (["--model", "tiny", "--step", "2"], "--step applies to a run directory"),
+    (["--model", "/no/such/model", "--step", "2"], "model path '/no/such/model' does not exist"),  # not --step's fault
     (["--model", "tiny", "-c", "/no/such.yaml"], "file '/no/such.yaml' does not exist"),
     (["--model", "tiny", "rollout.temperature=-1"], "rollout.temperature"),
 ])
