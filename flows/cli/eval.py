@@ -62,7 +62,8 @@ def print_table(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     k = summary["samples_per_prompt"]
-    table = Table(title=f"{summary['evaluated']}: {k} sample(s) per prompt, temperature {summary['temperature']:g}")
+    title = f"{summary['evaluated']}: {k} sample(s) per prompt, temperature {summary['temperature']:g}"
+    table = Table()  # the title goes on a line of its own: as the table's title it would wrap to the columns' width
     cols = [f"mean@{k}"] + ([f"pass@{k}"] if k > 1 else [])
     for name in ("data source", "prompts", *cols):
         table.add_column(name, justify="left" if name == "data source" else "right")
@@ -74,6 +75,7 @@ def print_table(summary: dict[str, Any]) -> None:
         table.add_row("all (prompt-weighted)", str(int(total)),
                       *(f"{sum(r[c] * r['prompts'] for r in rows.values()) / total:.3f}" for c in cols))
     console = Console()
+    console.print(title, highlight=False)
     console.print(table)
     console.print(f"generations: {summary['eval_dir']}")
     console.print(f"MLflow run:  {summary.get('mlflow_run_id')} at {summary.get('mlflow_uri')}")

@@ -53,8 +53,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def _out(label: str, samples: int = 1) -> list[str]:
-    return [f"{label}: {samples} sample(s) per prompt", f"mean@{samples}", "generations: "]
+def _out(label: str, samples: int = 1, where: str = f"runs/{RUN}/evals/eval-") -> list[str]:
+    """What an eval prints: its table's title and column, and where the scored generations went."""
+    return [f"{label}: {samples} sample(s) per prompt", f"mean@{samples}", f"/{where}"]
 
 
 # documented command -> (what is appended to it, lines its output must hold, a file it must leave)
@@ -80,22 +81,22 @@ COMMANDS: dict[str, tuple[list[str], list[str], str | None]] = {
         ([], ["registered MLflow model 'my-policy' version 1"], "out/latest/config.json"),
     "hybridflow eval --model runs/<run_id>/checkpoints/latest -c examples/grpo_arith.yaml":
         (TINY_EVAL, _out(f"{RUN}@step1"), None),
-    "hybridflow eval --model smollm2-135m-instruct -c examples/grpo_arith.yaml": (TINY_EVAL, _out("tiny"), None),
+    "hybridflow eval --model smollm2-135m-instruct -c examples/grpo_arith.yaml": (TINY_EVAL, _out("tiny", where="runs/evals/eval-"), None),
     "hybridflow eval --model runs/grpo-arith": ([], _out(f"{RUN}@step1"), None),
     "hybridflow eval --model runs/grpo-arith --step 20 --samples 8 --temperature 1.0":
         ([], [*_out(f"{RUN}@step1", 8), "pass@8"], None),
     "hybridflow eval --model runs/grpo-arith/checkpoints/step_000020 --data data/arith_test.parquet":
         ([], _out(f"{RUN}@step1"), None),
     "hybridflow eval --model out/model -c examples/grpo_arith.yaml --max-prompts 200":
-        (TINY_EVAL, _out("model"), None),
+        (TINY_EVAL, _out("model", where="runs/evals/eval-"), None),
     "hybridflow node run reward --run runs/grpo-arith --iteration 7 reward.function=my_reward.py:compute_score":
-        ([], ["reward on iteration 1", "critic/score/mean", "reward.debug.safetensors"],
+        ([], ["reward.debug on iteration 1", "critic/score/mean", "reward.debug.safetensors (+ .json), 4 rows"],
          f"runs/{RUN}/iter_000001/reward.debug.safetensors"),
     "hybridflow node run advantage --run runs/grpo-arith --iteration 7 algorithm.norm_adv_by_std_in_grpo=false":
-        ([], ["advantage on iteration 1", "advantage.debug.safetensors"],
+        ([], ["advantage.debug on iteration 1", "advantage.debug.safetensors (+ .json), 4 rows"],
          f"runs/{RUN}/iter_000001/advantage.debug.safetensors"),
     "hybridflow node run advantage --run runs/grpo-arith --iteration 7 --use-debug-inputs":
-        ([], ["advantage on iteration 1"], None),
+        ([], ["advantage.debug on iteration 1"], None),
     "hybridflow bench list": ([], ["e2e", "peak"], None),
     "hybridflow bench peak --help": ([], ["usage:", "--tokens"], None),
 }
@@ -155,6 +156,7 @@ def workdir(tmp_path, monkeypatch, prefect_api):
     (tmp_path / "my_reward.py").write_text(CUSTOM_REWARD)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default: mlflow.db in the working directory
+    monkeypatch.setenv("COLUMNS", "240")  # rich folds long paths at 80 columns; the checks read them whole
     return tmp_path
 
 
