@@ -124,10 +124,10 @@ class HybridflowRunner:
         t0 = time.time()
         out = flow(run=self.base.with_iteration(self.it), inputs=self.state.flow_inputs(prompts))
         t1 = time.time()
-        _check_update(self.cfg, self.state, out["metrics"], self.it)
-        batch = load_node_output(out["results"]["rollout"])
+        _check_update(self.cfg, self.state, out, self.it)
+        batch = load_node_output(out.results["rollout"])
         tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
-        return {"wall_s": t1 - t0, "t0": t0, "t1": t1, "metrics": out["metrics"], "tokens": tokens,
+        return {"wall_s": t1 - t0, "t0": t0, "t1": t1, "metrics": out.metrics, "tokens": tokens,
                 "response_tokens": int(batch["response_mask"].sum())}
 
     def stop(self) -> None:

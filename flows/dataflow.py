@@ -1,77 +1,104 @@
 """The declarative node API: ``@node`` and ``DataFlow(nodes=[...])``.
 
-Inputs are wired by parameter name to the outputs of the nodes of the same name, or to flow
-inputs. The graph is checked before anything runs: a parameter that nothing provides, a
-duplicate node name or a cycle is a :class:`DataFlowError` naming the node and parameter.
-Independent nodes are submitted together and run concurrently on the task runner.
+Each node parameter is wired to the output of the node of the same name, or to the flow input of
+that name, unless the node is wired elsewhere where the dataflow is declared::
 
-    @node(name="filter_groups", overrides=("rollout", "reward"))
-    def filter_groups(run, rollout: Batch, reward: Batch) -> Batch: ...
+    flow = DataFlow([rollout, reward, filter_groups,
+                     advantage.wire(rollout="filter_groups", reward="filter_groups"),
+                     update_policy], inputs=("prompts", "kl_coef", "policy_version"))
+    flow = flow.add(my_node).rewire("advantage", reward="my_node")   # a user's extension
 
-    flow = DataFlow(nodes=[rollout, reward, filter_groups, advantage, update_policy])
+The graph is checked before anything runs: a parameter that nothing provides, a duplicate node
+name or a cycle is a :class:`DataFlowError` naming the node and the parameter. Independent nodes
+are submitted together and run concurrently on the task runner.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tasks.common import NodeResult, RunContext, result_storage_path
+from tasks.common import RunContext, result_storage_path
 from tasks.node import Node, node
 
 __all__ = ["node", "Node", "DataFlow", "DataFlowError"]
 
+INPUT = "input:"  # wiring prefix of a flow input
+
 
 class DataFlowError(ValueError):
-    """The node graph is not runnable (missing input, duplicate node, cycle)."""
+    """The node graph is not runnable (missing input, duplicate node, cycle, unknown node)."""
 
 
 class DataFlow:
-    """A validated DAG of nodes. ``inputs`` are the names the flow provides at run time."""
+    """A validated DAG of nodes. ``inputs``: the names the flow provides at run time.
+
+    ``wiring``: ``{node: {param: node name | "input:<name>" | None (optional, nothing provides it)}}``;
+    ``order``: node names, each after the nodes it reads."""
 
     def __init__(self, nodes: Sequence[Node], inputs: Iterable[str] = ("prompts",)):
-        self.nodes = list(nodes)
-        self.inputs = set(inputs)
+        self.nodes = _apply_deprecated_overrides(list(nodes))
+        self.inputs = tuple(inputs)
         names = [n.name for n in self.nodes]
-        dup = {x for x in names if names.count(x) > 1}
+        dup = sorted({x for x in names if names.count(x) > 1})
         if dup:
-            raise DataFlowError(f"duplicate node names: {sorted(dup)}")
-        clash = self.inputs & set(names)
+            raise DataFlowError(f"duplicate node names: {dup}")
+        clash = set(self.inputs) & set(names)
         if clash:
             raise DataFlowError(f"flow inputs {sorted(clash)} have the same name as nodes")
-        self.wiring = self._wire()
+        self.wiring = {n.name: self._wire(n, set(names)) for n in self.nodes}
         self.order = self._topological_order()
 
-    # ---- graph ----
-    def _providers(self) -> dict[str, str]:
-        return {n.name: n.name for n in self.nodes}
-
-    def _wire(self) -> dict[str, dict[str, str | None]]:
-        """{node: {param: provider node name | 'input:<name>' | None (optional, absent)}}."""
-        base = self._providers()
-        plain = {n.name: {p: base.get(p) for p in n.inputs} for n in self.nodes}
-        overriders = [n for n in self.nodes if n.overrides]
-        wiring: dict[str, dict[str, str | None]] = {}
+    # ---- building ----
+    def node(self, name: str) -> Node:
+        """The node called ``name``; DataFlowError naming the nodes there are."""
         for n in self.nodes:
-            wiring[n.name] = {}
-            for p in n.inputs:
-                src: str | None = base.get(p)
-                for o in overriders:
-                    if p in o.overrides and o.name != n.name and n.name not in _ancestors(o.name, plain):
-                        src = o.name
-                if src is None:
-                    if p in self.inputs:
-                        src = f"input:{p}"
-                    elif p not in n.optional:
-                        raise DataFlowError(
-                            f"node {n.name!r}: parameter {p!r} is not the output of any node "
-                            f"({', '.join(sorted(base))}) nor a flow input ({', '.join(sorted(self.inputs))})"
-                        )
-                wiring[n.name][p] = src
+            if n.name == name:
+                return n
+        raise DataFlowError(f"no node {name!r} in the dataflow (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def add(self, new: Node, *, before: str | None = None) -> DataFlow:
+        """A new DataFlow with ``new`` added (at the end, or listed before node ``before``;
+        the order of the list is only the order they are shown in: wiring decides when a node runs)."""
+        nodes = list(self.nodes)
+        at = nodes.index(self.node(before)) if before else len(nodes)
+        return DataFlow(nodes[:at] + [new] + nodes[at:], inputs=self.inputs)
+
+    def rewire(self, consumer: str, **sources: str) -> DataFlow:
+        """A new DataFlow where ``consumer``'s parameters read the given nodes or flow inputs
+        (``rewire("advantage", rollout="my_filter")``)."""
+        nodes = [n.wire(**sources) if n.name == consumer else n for n in self.nodes]
+        self.node(consumer)
+        return DataFlow(nodes, inputs=self.inputs)
+
+    def without(self, name: str) -> DataFlow:
+        """A new DataFlow without node ``name`` (its consumers must not need it: DataFlowError)."""
+        self.node(name)
+        return DataFlow([n for n in self.nodes if n.name != name], inputs=self.inputs)
+
+    # ---- graph ----
+    def _wire(self, n: Node, names: set[str]) -> dict[str, str | None]:
+        wiring: dict[str, str | None] = {}
+        for p in n.inputs:
+            src = n.source(p)
+            if src in names:
+                wiring[p] = src
+            elif src in self.inputs:
+                wiring[p] = INPUT + src
+            elif p in n.optional and src == p:
+                wiring[p] = None
+            else:
+                where = f"wired to {src!r}, which" if src != p else "it"
+                raise DataFlowError(
+                    f"node {n.name!r}: parameter {p!r} is not provided: {where} is neither a node "
+                    f"({', '.join(sorted(names))}) nor a flow input ({', '.join(self.inputs)})"
+                )
         return wiring
 
-    def _deps(self, name: str) -> list[str]:
-        return [s for s in self.wiring[name].values() if s and not s.startswith("input:")]
+    def deps(self, name: str) -> list[str]:
+        """The nodes ``name`` reads, in parameter order."""
+        return [s for s in self.wiring[name].values() if s and not s.startswith(INPUT)]
 
     def _topological_order(self) -> list[str]:
         order: list[str] = []
@@ -84,7 +111,7 @@ class DataFlow:
                 cycle = path[path.index(name):] + [name]
                 raise DataFlowError(f"cycle in the dataflow: {' -> '.join(cycle)}")
             state[name] = 1
-            for dep in self._deps(name):
+            for dep in self.deps(name):
                 visit(dep, path + [name])
             state[name] = 2
             order.append(name)
@@ -93,50 +120,64 @@ class DataFlow:
             visit(n.name, [])
         return order
 
-    def node(self, name: str) -> Node:
-        return next(n for n in self.nodes if n.name == name)
+    def describe(self, pool_of_role: dict[str, str] | None = None) -> str:
+        """The nodes in run order, each with its inputs (``param <- source``) and the pools it calls."""
+        lines = [f"flow inputs: {', '.join(self.inputs)}"]
+        for name in self.order:
+            n = self.node(name)
+            wired = ", ".join(f"{p} <- {(src or '(default)').removeprefix(INPUT)}"
+                              for p, src in self.wiring[name].items())
+            pools = ", ".join(f"{r} @ pool {(pool_of_role or {}).get(r, '?')}" for r in n.roles)
+            lines.append(f"{name}({wired})" + (f"  calls {pools}" if pools else ""))
+        return "\n".join(lines)
 
     # ---- running (inside a Prefect flow) ----
-    def submit(self, run: RunContext, skip: Iterable[str] = (), **flow_inputs: Any) -> dict[str, Any]:
+    def submit(self, run: RunContext, **flow_inputs: Any) -> dict[str, Any]:
         """Submit every node (upstream futures as inputs, so independent nodes run concurrently).
-        Returns {node name: PrefectFuture}. ``skip``: nodes not to run (their consumers get None)."""
-        missing = self.inputs - set(flow_inputs)
+        Returns {node name: PrefectFuture}. Raises DataFlowError for a missing flow input."""
+        missing = set(self.inputs) - set(flow_inputs)
         if missing:
             raise DataFlowError(f"flow inputs not given: {sorted(missing)}")
-        skip = set(skip)
         futures: dict[str, Any] = {}
         for name in self.order:
-            if name in skip:
-                continue
-            kwargs: dict[str, Any] = {}
-            for p, src in self.wiring[name].items():
-                if src is None:
-                    continue
-                if src.startswith("input:"):
-                    kwargs[p] = flow_inputs[src[len("input:"):]]
-                elif src in futures:
-                    kwargs[p] = futures[src]
-                elif p in self.node(name).optional:
-                    continue
-                else:
-                    raise DataFlowError(f"node {name!r} needs {p!r} from skipped node {src!r}")
+            kwargs = {p: (flow_inputs[src[len(INPUT):]] if src.startswith(INPUT) else futures[src])
+                      for p, src in self.wiring[name].items() if src is not None}
             task = self.node(name).task.with_options(result_storage=result_storage_path(run.run_dir))
             futures[name] = task.submit(run=run, **kwargs)
         return futures
 
-    def run(self, run: RunContext, **flow_inputs: Any) -> dict[str, NodeResult]:
-        """Submit all nodes and wait. Raises the first node failure."""
-        futures = self.submit(run, **flow_inputs)
-        return {name: fut.result() for name, fut in futures.items()}
+
+def _apply_deprecated_overrides(nodes: list[Node]) -> list[Node]:
+    """``@node(overrides=("rollout",))`` (deprecated): the node's output stands in for ``rollout``
+    for every node that does not feed it and reads ``rollout`` by name — translated to explicit
+    wiring of those consumers."""
+    overriders = [n for n in nodes if n.overrides]
+    if not overriders:
+        return nodes
+    warnings.warn("overrides= is deprecated: wire the consumers with DataFlow.rewire (docs/extending.md)",
+                  DeprecationWarning, stacklevel=3)
+    by_name = {n.name: n for n in nodes}
+    out = []
+    for n in nodes:
+        sources = {}
+        for p in n.inputs:
+            for o in overriders:
+                if p in o.overrides and o.name != n.name and n.source(p) == p \
+                        and n.name not in _ancestors(o.name, by_name):
+                    sources[p] = o.name
+        out.append(n.wire(**sources) if sources else n)
+    return out
 
 
-def _ancestors(name: str, plain: dict[str, dict[str, str | None]]) -> set[str]:
+def _ancestors(name: str, by_name: dict[str, Node]) -> set[str]:
+    """The nodes ``name`` reads, directly or not, by its declared wiring."""
     seen: set[str] = set()
     stack = [name]
     while stack:
-        cur = stack.pop()
-        for src in plain.get(cur, {}).values():
-            if src and src not in seen:
+        cur = by_name.get(stack.pop())
+        for p in cur.inputs if cur else ():
+            src = cur.source(p)
+            if src in by_name and src not in seen:
                 seen.add(src)
                 stack.append(src)
     return seen

@@ -32,7 +32,8 @@ from prefect.runtime import flow_run as prefect_flow_run
 
 from flows.eval_plan import EvalTarget, plan_evaluation
 from hybridflow.config import ExperimentConfig, dump_config
-from tasks.common import NodeResult, RunContext, load_node_output, result_storage_path
+from tasks.common import RunContext, load_node_output, result_storage_path
+from tasks.types import NodeResult
 from tasks.validate import validate
 
 
@@ -64,7 +65,7 @@ def _save_prompts(run: RunContext, cfg: ExperimentConfig) -> tuple[NodeResult, A
         raise ValueError(f"{cfg.data.val_files} hold no usable prompt")
     batch = dataset.collate(list(range(n)))
     ref = batch.save(run.batch_uri("val_prompts"), run_id=run.run_id, iteration=run.iteration, node="val_prompts")
-    return {"node": "val_prompts", "ref": ref.to_dict(), "metrics": {}}, tokenizer
+    return NodeResult(node="val_prompts", ref=ref), tokenizer
 
 
 def _release(pools: dict[str, Any]) -> None:
@@ -73,7 +74,7 @@ def _release(pools: dict[str, Any]) -> None:
     for pool in pools.values():
         if "reward" in pool.roles:
             try:  # stop the reward processes before their actor goes
-                pool.call("reward", "close", timeout_s=30)
+                pool.role("reward").close(timeout_s=30)
             except Exception:  # noqa: BLE001 - best effort; the actor is killed next anyway
                 pass
         destroy_pool(pool)
@@ -194,14 +195,14 @@ def evaluate(
     run = _eval_context(target, cfg)
     prompts, tokenizer = _save_prompts(run, cfg)
     logger.info("evaluating %s on %d prompts of %s (k=%d, temperature %g) in %s", target.label,
-                prompts["ref"]["rows"], cfg.data.val_files, samples_per_prompt, temperature, run.run_dir)
+                prompts.ref.rows, cfg.data.val_files, samples_per_prompt, temperature, run.run_dir)
     result = _run_validate(run, cfg, prompts)
     scored = load_node_output(result)
-    metrics = {k: v for k, v in result["metrics"].items() if k.startswith(("val-core/", "val-aux/", "timing_s/"))}
+    metrics = {k: v for k, v in result.metrics.items() if k.startswith(("val-core/", "val-aux/", "timing_s/"))}
     summary: dict[str, Any] = {
         "evaluated": target.label, **{k: v for k, v in asdict(target).items() if k != "label"},
         "data_files": cfg.data.val_files, "samples_per_prompt": samples_per_prompt, "temperature": temperature,
-        "prompts": prompts["ref"]["rows"], "metrics": metrics,
+        "prompts": prompts.ref.rows, "metrics": metrics,
         "per_source": per_source_table(metrics, scored, samples_per_prompt),
         "eval_dir": run.run_dir, "prefect_flow_run_id": str(prefect_flow_run.id or ""),
     }

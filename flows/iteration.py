@@ -1,15 +1,21 @@
 """One RL iteration as a Prefect flow (a subflow ``iteration-000007`` of the train flow run).
 
-    rollout ──► reward ‖ reference ‖ values ──► advantage ──► update_critic ‖ update_policy
+The built-in dataflow, as :func:`builtin_dataflow` declares it (``hybridflow dataflow show -c
+CONFIG`` prints it for a config, with the pool each node calls)::
 
-Nodes switch off by config (no reference without KL, no values/update_critic without a
-critic); a user DataFlow replaces the built-in one with ``trainer.dataflow``.
+    prompts ─► rollout ─► reward ‖ reference ‖ values ─► [filter_groups] ─► advantage ─► update_critic ‖ update_policy
+
+Nodes switch off by config (no reference without KL, no values/update_critic without a critic,
+filter_groups only with ``algorithm.filter_groups``); a user DataFlow replaces the built-in one
+with ``trainer.dataflow`` ("module:function(cfg) -> DataFlow", usually ``builtin_dataflow(cfg)``
+plus :meth:`~flows.dataflow.DataFlow.add` / ``rewire``).
 """
 
 from __future__ import annotations
 
 import importlib
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -17,34 +23,41 @@ from prefect import flow, get_run_logger
 from flows.dataflow import DataFlow
 from hybridflow.config import ExperimentConfig
 from tasks.advantage import advantage
-from tasks.common import NodeResult, RunContext
+from tasks.common import RunContext
 from tasks.filter_groups import filter_groups
 from tasks.reference import reference
 from tasks.reward import reward
 from tasks.rollout import rollout
+from tasks.types import AdvantageResult, NodeResult
 from tasks.update import update_critic, update_policy
 from tasks.values import values
 
 
-def builtin_nodes(cfg: ExperimentConfig) -> list:
-    """The built-in nodes this config switches on, in dataflow order."""
-    nodes = [rollout, reward]
-    if cfg.needs_reference:
-        nodes.append(reference)
-    if cfg.needs_critic:
-        nodes.append(values)
-    if cfg.algorithm.filter_groups:
-        nodes.append(filter_groups)
-    nodes.append(advantage)
-    if cfg.needs_critic:
-        nodes.append(update_critic)
-    nodes.append(update_policy)
-    return nodes
-
-
 def flow_inputs(cfg: ExperimentConfig) -> tuple[str, ...]:
-    base = ("prompts", "kl_coef", "policy_version")
-    return base + (("critic_version",) if cfg.needs_critic else ())
+    """What the driver passes into each iteration: the prompts' NodeResult, the KL controller's β,
+    and the weights versions the trained roles must be at."""
+    return ("prompts", "kl_coef", "policy_version") + (("critic_version",) if cfg.needs_critic else ())
+
+
+def builtin_dataflow(cfg: ExperimentConfig) -> DataFlow:
+    """The iteration's nodes for ``cfg``, their edges written where they take effect."""
+    filtered = cfg.algorithm.filter_groups  # DAPO dynamic sampling: advantage reads the filtered groups
+    nodes = [
+        rollout,                                           # (prompts, policy_version) -> trajectories
+        reward,                                            # (rollout) -> token_level_scores
+        reference if cfg.needs_reference else None,        # (rollout) -> ref_log_probs
+        values if cfg.needs_critic else None,              # (rollout, critic_version) -> values
+        filter_groups if filtered else None,               # (rollout, reward) -> kept groups
+        advantage.wire(rollout="filter_groups", reward="filter_groups") if filtered else advantage,
+        update_critic if cfg.needs_critic else None,       # (advantage, critic_version)
+        update_policy,                                     # (advantage, policy_version)
+    ]
+    return DataFlow([n for n in nodes if n is not None], inputs=flow_inputs(cfg))
+
+
+def builtin_nodes(cfg: ExperimentConfig) -> list:
+    """The built-in dataflow's nodes (kept for user dataflows written against it)."""
+    return builtin_dataflow(cfg).nodes
 
 
 def build_dataflow(cfg: ExperimentConfig) -> DataFlow:
@@ -54,7 +67,22 @@ def build_dataflow(cfg: ExperimentConfig) -> DataFlow:
         module, _, attr = spec.partition(":")
         factory = getattr(importlib.import_module(module), attr)
         return factory(cfg)
-    return DataFlow(builtin_nodes(cfg), inputs=flow_inputs(cfg))
+    return builtin_dataflow(cfg)
+
+
+@dataclass
+class IterationResult:
+    """What one iteration gives the driver: each node's result and the iteration's metrics (the
+    nodes' merged, plus ``timing_s/step`` and throughput)."""
+
+    results: dict[str, NodeResult]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kl_coef_next(self) -> float | None:
+        """The advantage node's β for the next iteration (None: no advantage result carries one)."""
+        adv = self.results.get("advantage")
+        return adv.kl_coef_next if isinstance(adv, AdvantageResult) else None
 
 
 def _submit_all(df: DataFlow, run: RunContext, cfg: ExperimentConfig, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -84,23 +112,20 @@ def _throughput(cfg: ExperimentConfig, m: dict[str, float]) -> dict[str, float]:
 
 
 @flow(name="iteration", flow_run_name="iteration-{run.iteration:06d}", persist_result=False, log_prints=True)
-def iteration(run: RunContext, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Run one iteration. ``inputs`` = the flow inputs (prompts NodeResult, kl_coef, versions).
-    Returns {"results": {node: NodeResult}, "metrics": {name: float}}."""
+def iteration(run: RunContext, inputs: dict[str, Any]) -> IterationResult:
+    """Run one iteration. ``inputs`` = the flow inputs (prompts NodeResult, kl_coef, versions)."""
     cfg = run.cfg()
-    logger = get_run_logger()
     start = time.perf_counter()
-    df = build_dataflow(cfg)
-    futures = _submit_all(df, run, cfg, inputs)
-    results: dict[str, NodeResult] = {name: fut.result() for name, fut in futures.items()}
+    futures = _submit_all(build_dataflow(cfg), run, cfg, inputs)
+    results: dict[str, NodeResult] = {name: NodeResult.of(fut.result()) for name, fut in futures.items()}
     metrics: dict[str, float] = {}
     for res in results.values():
-        metrics.update(res["metrics"])
+        metrics.update(res.metrics)
     metrics["timing_s/step"] = time.perf_counter() - start
     metrics.update(_throughput(cfg, metrics))
-    logger.info(
+    get_run_logger().info(
         "iteration %d: score %.3f, response length %.1f, %.1fs",
         run.iteration, metrics.get("critic/score/mean", float("nan")),
         metrics.get("response_length/mean", float("nan")), metrics["timing_s/step"],
     )
-    return {"results": results, "metrics": metrics}
+    return IterationResult(results, metrics)

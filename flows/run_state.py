@@ -21,7 +21,8 @@ from typing import Any
 from flows.run_lock import resolve_run_dir
 from hybridflow.agents.render import marked_conversation
 from hybridflow.config import ExperimentConfig, dump_config, load_config
-from tasks.common import NodeResult, RunContext, load_node_output, result_storage_path
+from tasks.common import RunContext, load_node_output, result_storage_path
+from tasks.types import NodeResult
 from workers.pool import namespace_for
 
 
@@ -137,7 +138,7 @@ class RunState:
         batch = dataset.collate(indices)
         run = self.context(iteration)
         ref = batch.save(run.batch_uri(node), run_id=self.run_id, iteration=iteration, node=node)
-        return {"node": node, "ref": ref.to_dict(), "metrics": {}}
+        return NodeResult(node=node, ref=ref)
 
     def next_prompts(self, iteration: int) -> NodeResult | None:
         if self.sampler.epoch >= self.cfg.trainer.total_epochs:

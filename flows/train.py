@@ -18,6 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
+from flows.iteration import IterationResult
 from flows.observe import RunObserver
 from flows.run_state import RunState, open_run
 from flows.tracking import Tracker, redact
@@ -57,12 +58,12 @@ class _RewardGuard:
         self.cfg = cfg
         self.in_a_row = 0
 
-    def check(self, out: dict[str, Any], it: int) -> None:
+    def check(self, out: IterationResult, it: int) -> None:
         from hybridflow.rewards.executor import FAILURE_METRICS
 
-        result = out["results"].get("reward") or {}
-        rows = (result.get("ref") or {}).get("rows", 0)
-        failed = sum(out["metrics"].get(name, 0.0) for name in FAILURE_METRICS.values())
+        result = out.results.get("reward")
+        rows = result.ref.rows if result is not None and result.ref is not None else 0
+        failed = sum(out.metrics.get(name, 0.0) for name in FAILURE_METRICS.values())
         if not rows or failed < rows:
             self.in_a_row = 0
             return
@@ -149,26 +150,37 @@ def _validate(cfg: ExperimentConfig, state: RunState, run: RunContext, tracker: 
     if state.val_prompts is None:
         return {}
     res = _submit(cfg, validate, run=run, val_prompts=state.val_prompts, policy_version=state.policy_version)
-    metrics = {k: v for k, v in res["metrics"].items() if k.startswith(("val-core/", "val-aux/", "timing_s/"))}
+    metrics = {k: v for k, v in res.metrics.items() if k.startswith(("val-core/", "val-aux/", "timing_s/"))}
     tracker.log_metrics(metrics, step=run.iteration)
     state.record_validation(run.iteration, metrics)
     observer.validation_done(run.iteration, metrics)
     return metrics
 
 
-def _log_iteration(cfg: ExperimentConfig, state: RunState, it: int, out: dict[str, Any], tracker: Tracker) -> None:
-    m = out["metrics"]
+def _log_iteration(cfg: ExperimentConfig, state: RunState, it: int, out: IterationResult, tracker: Tracker) -> None:
+    m = out.metrics
     tracker.log_metrics(m, step=it)
     state.append_metrics(it, m)
     every = cfg.tracking.log_samples_every
     if every and it % every == 0:
-        rows = state.sample_rows(out["results"])
+        rows = state.sample_rows(out.results)
         if rows:
             tracker.log_samples(rows, step=it)
 
 
-def _check_update(cfg: ExperimentConfig, state: RunState, metrics: dict[str, float], it: int) -> None:
-    if metrics.get("actor/update_skipped", 0.0):
+def _check_update(cfg: ExperimentConfig, state: RunState, out: IterationResult, it: int) -> None:
+    """After an iteration: the versions the update nodes reached (:func:`tasks.versions.record_updates`),
+    the KL controller's next β, and the NaN/inf guard (TrainingStopped after
+    ``trainer.max_bad_updates`` skipped policy updates in a row)."""
+    from tasks.types import UpdateResult
+    from tasks.versions import record_updates
+
+    record_updates(state, out.results)
+    if out.kl_coef_next is not None:
+        state.kl_coef = out.kl_coef_next
+    policy = out.results.get("update_policy")
+    metrics = out.metrics
+    if isinstance(policy, UpdateResult) and not policy.applied:
         state.bad_updates_in_a_row += 1
         metrics["actor/bad_updates_in_a_row"] = float(state.bad_updates_in_a_row)
         get_run_logger().warning("iteration %d: policy update skipped (NaN/inf); %d in a row",
@@ -182,11 +194,6 @@ def _check_update(cfg: ExperimentConfig, state: RunState, metrics: dict[str, flo
     else:
         state.bad_updates_in_a_row = 0
         metrics["actor/bad_updates_in_a_row"] = 0.0
-        state.policy_version += 1
-    if cfg.needs_critic and not metrics.get("critic/update_skipped", 0.0):
-        state.critic_version += 1
-    if "critic/kl_coef_next" in metrics:
-        state.kl_coef = metrics["critic/kl_coef_next"]
 
 
 def _checkpoint(cfg: ExperimentConfig, state: RunState, run: RunContext, observer: RunObserver,
@@ -257,14 +264,14 @@ def train(
             t0 = time.perf_counter()
             _key_by_iteration(iteration_key, it)  # a retried flow run files iteration k under iteration-k
             out = iteration_flow(run=base.with_iteration(it), inputs=state.flow_inputs(prompts))
-            out["metrics"]["timing_s/iteration_wall"] = time.perf_counter() - t0
+            out.metrics["timing_s/iteration_wall"] = time.perf_counter() - t0
             try:
-                _check_update(cfg, state, out["metrics"], it)
+                _check_update(cfg, state, out, it)
                 rewards.check(out, it)
             finally:  # the iteration that stops the run is logged too
                 _log_iteration(cfg, state, it, out, tracker)
-            print(state.progress_line(it, out["metrics"]))  # to Prefect's logs (and the console with -v)
-            observer.iteration_done(it, out["metrics"])
+            print(state.progress_line(it, out.metrics))  # to Prefect's logs (and the console with -v)
+            observer.iteration_done(it, out.metrics)
             if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
                 _validate(cfg, state, base.with_iteration(it), tracker, observer)
             if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:

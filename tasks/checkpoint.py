@@ -5,26 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.common import NodeResult, RunContext, metrics_result
+from tasks.common import RunContext
 from tasks.node import node
 from tasks.pools import pool_of
+from tasks.types import NodeResult
 
 
-@node(name="checkpoint", cache=False, retries=1)
+@node(name="checkpoint", cache=False, retries=1, roles=("policy", "critic"))
 def checkpoint(run: RunContext, trainer_state: dict[str, Any]) -> NodeResult:
-    from tasks.update import sync_to_version
+    """Save the pools at the driver's versions (a worker that restarted since the last update is
+    brought to them first, so no stale weights are saved under this iteration)."""
     from workers.checkpoint import begin_save, commit_save
 
     cfg = run.cfg()
-    policy = pool_of(run, "policy")
-    # a worker that restarted since the last update must not save stale weights under this step
-    sync_to_version(run, "policy", policy, trainer_state["policy_version"])
-    critic = pool_of(run, "critic") if cfg.needs_critic else None
-    if critic is not None:
-        sync_to_version(run, "critic", critic, trainer_state["critic_version"])
+    handles = [pool_of(run, "policy", at_version=trainer_state["policy_version"])]
+    if cfg.needs_critic:
+        handles.append(pool_of(run, "critic", at_version=trainer_state["critic_version"]))
     path = begin_save(run.ckpt_root, run.iteration)
-    policy.call("policy", "save_checkpoint", path)
-    if critic is not None:
-        critic.call("critic", "save_checkpoint", path)
+    for handle in handles:
+        handle.save_checkpoint(path)
     commit_save(run.ckpt_root, run.iteration, trainer_state)
-    return metrics_result("checkpoint", {"checkpoint/iteration": run.iteration})
+    return NodeResult(node="checkpoint", metrics={"checkpoint/iteration": run.iteration})

@@ -1,9 +1,9 @@
 """What every node task shares: the run context, deterministic cache keys, result storage,
 the execution log, and forwarding worker logs/metrics to Prefect's logger.
 
-Prefect carries references, not tensors: a node returns a :data:`NodeResult`, a JSON dict
-``{"node": str, "ref": BatchRef dict | None, "metrics": {name: float}}``. The batch itself
-lives in the run directory (``<run_dir>/iter_000007/<node>.safetensors`` + ``.json``).
+Prefect carries references, not tensors: a node returns a :class:`tasks.types.NodeResult`
+(node, ref, metrics). The batch itself lives in the run directory
+(``<run_dir>/iter_000007/<node>.safetensors`` + ``.json``).
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
 
 from hybridflow.batch import Batch, BatchRef
-
-NodeResult = dict[str, Any]
+from tasks.types import NodeResult
 
 
 @dataclass(frozen=True)
@@ -69,9 +68,10 @@ def _ref_fingerprint(value: Any) -> Any:
         return {"run": value.run_id, "iteration": value.iteration}
     if isinstance(value, BatchRef):
         return value.checksum
-    if isinstance(value, dict) and "ref" in value and "node" in value:
-        ref = value["ref"]
-        return {"node": value["node"], "checksum": ref["checksum"] if ref else None}
+    if isinstance(value, NodeResult):
+        return {"node": value.node, "checksum": value.ref.checksum if value.ref else None}
+    if isinstance(value, dict) and "ref" in value and "node" in value:  # a result as JSON
+        return _ref_fingerprint(NodeResult.from_json(value))
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
@@ -122,40 +122,31 @@ def read_execution_log(run_dir: str) -> list[dict[str, Any]]:
 
 
 def save_node_output(run: RunContext, node: str, batch: Batch, metrics: dict[str, float] | None = None) -> NodeResult:
+    """Save ``batch`` as ``iter_<k>/<node>``; the result carries ``metrics`` (the batch's worker
+    report must have been taken first: :func:`take_report`)."""
     ref = batch.save(run.batch_uri(node), run_id=run.run_id, iteration=run.iteration, node=node)
-    all_metrics = {**batch.meta.pop("metrics", {}), **(metrics or {})}
-    return {"node": node, "ref": ref.to_dict(), "metrics": _floats(all_metrics)}
+    return NodeResult(node=node, ref=ref, metrics=metrics or {})
 
 
-def load_node_output(result: NodeResult | None) -> Batch | None:
-    if result is None or result.get("ref") is None:
-        return None
-    return BatchRef.from_dict(result["ref"]).load()
+def load_node_output(result: NodeResult | dict | None) -> Batch | None:
+    """The batch a result names (checksum verified); None for None or a metrics-only result."""
+    result = NodeResult.of(result)
+    return None if result is None else result.load()
 
 
-def metrics_result(node: str, metrics: dict[str, Any]) -> NodeResult:
-    return {"node": node, "ref": None, "metrics": _floats(metrics)}
+def take_report(batch: Batch) -> tuple[dict[str, float], list[str]]:
+    """What a worker reported with a batch it returned — ``meta["metrics"]`` (name → number) and
+    ``meta["logs"]`` (lines: Prefect's logger does not work inside plain Ray actors) — removed
+    from the batch, so they are neither saved with it nor reported twice. The one place that
+    reads these two keys on the task side."""
+    return dict(batch.meta.pop("metrics", None) or {}), list(batch.meta.pop("logs", None) or [])
 
 
-def _floats(metrics: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for k, v in metrics.items():
-        try:
-            out[k] = float(v)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def forward_logs(logger: Any, node: str, batch_or_meta: Any, metrics: dict[str, float]) -> None:
-    """Log worker log lines (they come back in the return value: Prefect's logger does not work
-    inside plain Ray actors) and a one-line metrics summary."""
-    meta = batch_or_meta.meta if isinstance(batch_or_meta, Batch) else (batch_or_meta or {})
-    for line in meta.pop("logs", []) if isinstance(meta, dict) else []:
+def forward_logs(logger: Any, node: str, logs: list[str], metrics: dict[str, float] | None = None) -> None:
+    """Log a worker's log lines (and, given ``metrics``, a one-line summary) to the task's Prefect logger."""
+    for line in logs:
         logger.info("[%s worker] %s", node, line)
+    if metrics is None:
+        return
     shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())[:12])
     logger.info("%s: %s", node, shown or "done")
-
-
-def asdict_run(run: RunContext) -> dict[str, Any]:
-    return asdict(run)

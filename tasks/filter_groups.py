@@ -8,10 +8,11 @@ from tasks.common import RunContext
 from tasks.node import node
 
 
-@node(name="filter_groups", overrides=("rollout", "reward"))
+@node(name="filter_groups")
 def filter_groups(run: RunContext, rollout: Batch, reward: Batch) -> tuple[Batch, dict]:
     """Returns rollout ∪ reward restricted to groups with reward variance. If every group is
-    zero-variance the batch is kept whole (and reported), never emptied."""
+    zero-variance the batch is kept whole (and reported), never emptied. The built-in dataflow
+    wires the advantage node's ``rollout`` and ``reward`` to it (``flows.iteration``)."""
     from hybridflow.algorithms.pipeline import filter_zero_variance_groups
 
     joined = rollout.union(reward)

@@ -8,8 +8,8 @@ from tasks.node import node
 from tasks.pools import pool_of
 
 
-@node(name="reference", retries=2)
+@node(name="reference", retries=2, roles=("reference",))
 def reference(run: RunContext, rollout: Batch) -> Batch:
     """Returns ref_log_probs [batch, response_len] float32 (nats)."""
-    out = pool_of(run, "reference").call("reference", "compute_ref_log_probs", rollout)
+    out = pool_of(run, "reference").compute_ref_log_probs(rollout)
     return out.select(["uid", "ref_log_probs"])

@@ -3,15 +3,17 @@
 A node's cached result lives in ``<run_dir>/prefect-results/<cache key>`` as a Prefect result
 record::
 
-    {"metadata": {"serializer": {"type": "json", ...}, "storage_key": ..., ...},
-     "result": "{\"node\": \"reward\", \"ref\": {...BatchRef...} | null, \"metrics\": {...}}"}
+    {"metadata": {"serializer": {"type": "hybridflow-node-result"}, "storage_key": ..., ...},
+     "result": "{\"kind\": \"node\", \"node\": \"reward\", \"ref\": {...BatchRef...} | null, \"metrics\": {...}}"}
 
 Prefect deserializes a record with the serializer *the file names* (``pickle`` runs code; its
 JSON serializer imports any class a ``"__class__"`` key names), and it does so even to check
 that a cached result exists. So hybridflow reads each record first, with plain ``json.loads``,
-and accepts only: the JSON serializer with Prefect's own decoder and no extra options, and a
-result that is a node result (``node``: str, ``ref``: a BatchRef dict or null, ``metrics``:
-name → number) with no ``__class__`` / ``__exc_type__`` key anywhere. Anything else is a
+and accepts only: hybridflow's node-result serializer (:class:`tasks.types.NodeResultSerializer`,
+which builds one of three known types and imports nothing), or — records written before it —
+the JSON serializer with Prefect's own decoder and no extra options; and a result that is a node
+result (``node``: str, ``ref``: a BatchRef dict or null, ``metrics``: name → number, and the
+fields of its ``kind``) with no ``__class__`` / ``__exc_type__`` key anywhere. Anything else is a
 :class:`ResultRecordError` naming the file:
 
 - :func:`check_result_records` — every node record, when a run is resumed (before any server starts);
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+SERIALIZER_TYPE = "hybridflow-node-result"  # tasks.serializer.NodeResultSerializer
 REFUSED_SUFFIX = ".refused"
 _SERIALIZER = {"type": "json", "jsonlib": "json",
                "object_encoder": "prefect.serializers.prefect_json_object_encoder",
@@ -37,6 +40,10 @@ _SERIALIZER = {"type": "json", "jsonlib": "json",
 _METADATA_KEYS = {"storage_key", "expiration", "serializer", "prefect_version", "storage_block_id"}
 _REF_FIELDS = {"run_id": str, "iteration": int, "node": str, "uri": str, "rows": int, "keys": list, "checksum": str}
 _CODE_KEYS = ("__class__", "__exc_type__")  # what Prefect's JSON decoder turns into imports
+# fields a result kind adds to (node, ref, metrics), with their JSON types (tasks.types)
+_KIND_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "node": {}, "advantage": {"kl_coef_next": (int, float, type(None))}, "update": {"applied": (bool,), "version": (int,)},
+}
 
 
 class ResultRecordError(ValueError):
@@ -70,7 +77,20 @@ def _shape_problem(result: Any) -> str | None:
         return "its 'ref' is neither null nor a batch reference"
     if not _no_code_keys(result):
         return "the result names a Python class to import ('__class__' / '__exc_type__')"
-    return None
+    return _kind_problem(result)
+
+
+def _kind_problem(result: dict[str, Any]) -> str | None:
+    kind = result.get("kind", "node")
+    extra = _KIND_FIELDS.get(kind) if isinstance(kind, str) else None
+    if extra is None:
+        return f"its kind {kind!r} is not a node result kind ({', '.join(_KIND_FIELDS)})"
+    unknown = set(result) - {"kind", "node", "ref", "metrics"} - set(extra)
+    if unknown:
+        return f"it has fields no {kind} result has: {sorted(unknown)}"
+    bad = [k for k, types in extra.items() if k in result and (not isinstance(result[k], types)
+           or (bool not in types and isinstance(result[k], bool)))]
+    return f"its field(s) {bad} have the wrong type" if bad else None
 
 
 def check_result_record(path: str | os.PathLike) -> dict[str, Any]:
@@ -86,9 +106,11 @@ def check_result_record(path: str | os.PathLike) -> dict[str, Any]:
     meta = record["metadata"]
     serializer = meta.get("serializer")
     kind = serializer.get("type") if isinstance(serializer, dict) else None
-    if kind != "json":
+    if kind not in ("json", SERIALIZER_TYPE):
         raise _refuse(path, f"it names the {kind!r} serializer; only JSON is accepted")
-    if serializer != {**_SERIALIZER, **{k: serializer[k] for k in ("object_encoder", "dumps_kwargs") if k in serializer}}:
+    if kind == SERIALIZER_TYPE and serializer != {"type": SERIALIZER_TYPE}:
+        raise _refuse(path, "its node-result serializer has options")
+    if kind == "json" and serializer != {**_SERIALIZER, **{k: serializer[k] for k in ("object_encoder", "dumps_kwargs") if k in serializer}}:
         raise _refuse(path, "its JSON serializer is not Prefect's plain one (custom jsonlib, decoder or options)")
     if not set(meta) <= _METADATA_KEYS or not isinstance(record["result"], str):
         raise _refuse(path, "unexpected metadata fields or a non-text result")

@@ -9,22 +9,17 @@ from tasks.node import node
 from tasks.pools import pool_of
 
 
-@node(name="rollout", retries=2)
-def rollout(run: RunContext, prompts: Batch, policy_version: int | None = None) -> tuple[Batch, dict]:
+@node(name="rollout", retries=2, roles=("policy",))
+def rollout(run: RunContext, prompts: Batch, policy_version: int | None = None) -> Batch:
     """prompts: one row per prompt (prompt_ids, prompt_mask, uid, ...). Returns the trajectories
     (n rows per prompt) with response_ids/mask, rollout_log_probs and old_log_probs.
     policy_version: the weights_version this iteration generates with; a policy worker that
     restarted from an older checkpoint is first brought to it by replaying the update ledger."""
-    from tasks.update import sync_to_version
-
-    policy = pool_of(run, "policy")
-    sync_to_version(run, "policy", policy, policy_version)
-    batch = policy.call("policy", "generate_sequences", prompts, seed=run.node_seed("rollout"))
-    gen_metrics = batch.meta.pop("metrics", {})
+    policy = pool_of(run, "policy", at_version=policy_version)
+    trajectories = policy.generate_sequences(prompts, seed=run.node_seed("rollout"))
     if run.cfg().old_log_probs_from_rollout:
-        return policy_log_probs_from_rollout(batch), gen_metrics
-    batch = policy.call("policy", "compute_log_probs", batch)
-    return batch, {**gen_metrics, **batch.meta.pop("metrics", {})}
+        return policy_log_probs_from_rollout(trajectories)
+    return policy.compute_log_probs(trajectories)  # its report keeps the generation's metrics
 
 
 def policy_log_probs_from_rollout(batch: Batch) -> Batch:

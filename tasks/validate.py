@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from prefect import get_run_logger
+
 from hybridflow.batch import Batch
-from tasks.common import RunContext
+from tasks.common import RunContext, forward_logs, take_report
 from tasks.node import node
 from tasks.pools import pool_of
 
@@ -27,19 +29,16 @@ def _validation_metrics(scored: Batch, k: int) -> dict[str, float]:
     return out
 
 
-@node(name="validate", retries=1)
+@node(name="validate", retries=1, roles=("policy", "reward"))
 def validate(run: RunContext, val_prompts: Batch, policy_version: int | None = None) -> tuple[Batch, dict]:
     """Returns the scored validation generations and val-core metrics. policy_version: the
     weights_version to evaluate (a restarted worker is brought to it first)."""
-    from tasks.update import sync_to_version
-
     cfg = run.cfg()
-    policy = pool_of(run, "policy")
-    sync_to_version(run, "policy", policy, policy_version)
-    gen = policy.call(
-        "policy", "generate_sequences", val_prompts, seed=run.node_seed("validate"), validate=True
-    )
-    gen.meta.pop("metrics", None)
-    scored = pool_of(run, "reward").call("reward", "compute_rewards", gen)
-    metrics = {**scored.meta.pop("metrics", {}), **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
+    policy = pool_of(run, "policy", at_version=policy_version)
+    generated = policy.generate_sequences(val_prompts, seed=run.node_seed("validate"), validate=True)
+    take_report(generated)  # the generation's metrics are the training rollout's names: not reported here
+    scored = pool_of(run, "reward").compute_rewards(generated)
+    report, logs = take_report(scored)
+    forward_logs(get_run_logger(), "validate", logs)
+    metrics = {**report, **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
     return scored, {k.replace("critic/", "val-aux/", 1): v for k, v in metrics.items()}

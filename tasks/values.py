@@ -8,12 +8,8 @@ from tasks.node import node
 from tasks.pools import pool_of
 
 
-@node(name="values", retries=2)
+@node(name="values", retries=2, roles=("critic",))
 def values(run: RunContext, rollout: Batch, critic_version: int | None = None) -> Batch:
     """Returns values [batch, response_len] float32. critic_version: as rollout's policy_version."""
-    from tasks.update import sync_to_version
-
-    critic = pool_of(run, "critic")
-    sync_to_version(run, "critic", critic, critic_version)
-    out = critic.call("critic", "compute_values", rollout)
+    out = pool_of(run, "critic", at_version=critic_version).compute_values(rollout)
     return out.select(["uid", "values"])

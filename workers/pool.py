@@ -4,8 +4,9 @@ A pool is ``workers`` Ray actors (data-parallel ranks) named ``<pool>/rank<r>`` 
 run's namespace, placed with one placement group (one bundle per rank). Each actor is a
 :class:`WorkerHost` that holds one plain worker object per role (roles in one pool share
 the process: the hybrid engine). Prefect tasks find a pool by name with :func:`get_pool`
-and call role methods through :meth:`Pool.call`, which splits and joins the call by the
-method's declared dispatch protocol (:mod:`workers.dispatch`).
+and call role methods on a role handle (``pool.role("policy").generate_sequences(batch)``,
+:mod:`workers.handles`), which splits and joins each call by the method's declared dispatch
+protocol (:mod:`workers.dispatch`).
 
 Recovery: actors are created with ``max_restarts``; a restarted single-rank actor rebuilds
 its workers and restores the pool's latest checkpoint in ``__init__`` before it serves
@@ -30,25 +31,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.config import ExperimentConfig, PoolConfig, config_from_dict
 from workers.dispatch import get_dispatch, protocol_of
+from workers.handles import ROLE_CLASSES, RoleHandle, call_ranks, role_class  # noqa: F401 (re-exported)
 from workers.placement import PoolResourceError, bundle_of, check_pool_fits_cluster, describe, node_id
 from workers.pool_errors import PoolError
 from workers.pool_errors import cause as _cause
 from workers.pool_errors import root_cause as _root_cause
 from workers.pool_events import append_event, lost_ranks, pool_events_path, read_pool_events, weights_digest  # noqa: F401 (re-exported)
 
-ROLE_CLASSES = {
-    "policy": "workers.policy:PolicyWorker",
-    "reference": "workers.reference:ReferenceWorker",
-    "critic": "workers.critic:CriticWorker",
-    "reward": "workers.reward:RewardWorker",
-}
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
 ROLE_ORDER = ("policy", "reference", "critic", "reward")
-
-
-def role_class(role: str) -> type:
-    module, name = ROLE_CLASSES[role].split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def namespace_for(run_id: str) -> str:
@@ -192,24 +183,14 @@ class Pool:
     def world_size(self) -> int:
         return len(self.actors)
 
+    def role(self, role: str) -> RoleHandle:
+        """This pool's ``role`` with its worker methods bound (:class:`workers.handles.RoleHandle`)."""
+        return RoleHandle(self, role)
+
     def call(self, role: str, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        """Run ``role.method`` on the ranks as its dispatch protocol says; returns the joined result."""
+        """Run ``role.method`` by name (low level: tasks use :meth:`role`). Returns the joined result."""
         proto = get_dispatch(protocol_of(getattr(role_class(role), method)))
-        calls, info = proto.split(args, kwargs, self.world_size)
-        refs = [
-            None if c is None else actor.call.remote(role, method, *c[0], **c[1])
-            for actor, c in zip(self.actors, calls, strict=True)
-        ]
-        results = []
-        for rank, ref in enumerate(refs):
-            if ref is None:
-                results.append(None)
-                continue
-            try:
-                results.append(ray.get(ref, timeout=timeout_s))
-            except GetTimeoutError:
-                raise PoolError(f"pool {self.name!r} rank {rank}: {role}.{method} timed out after {timeout_s}s") from None
-        return proto.join([r for r in results if r is not None] if proto.name != "broadcast" else results, info)
+        return call_ranks(self, role, method, proto, args, kwargs, timeout_s)
 
     def ping(self, deadline_s: float = 30.0) -> list[dict[str, Any]]:
         """Ping every rank; raises PoolError naming the first rank that is dead or too slow."""

@@ -73,7 +73,7 @@ def _saved_uri(run: Any, name: str, use_debug: bool) -> str | None:
     return None
 
 
-def load_saved(uri: str, name: str, run: Any) -> tuple[dict[str, Any], Any]:
+def load_saved(uri: str, name: str, run: Any) -> tuple[Any, Any]:
     """(NodeResult, Batch) of a batch saved by Batch.save (checksum = sha256(tensors ‖ 0 ‖ json), as there)."""
     from hybridflow.batch import Batch, BatchRef
 
@@ -81,7 +81,9 @@ def load_saved(uri: str, name: str, run: Any) -> tuple[dict[str, Any], Any]:
     checksum = hashlib.sha256(tensor_bytes + b"\0" + json_bytes).hexdigest()
     batch = Batch.load(uri, expected_checksum=checksum)  # verifies the files did not change between reads
     ref = BatchRef(run.run_id, run.iteration, name, uri, len(batch), tuple(batch.keys()), checksum)
-    return {"node": name, "ref": ref.to_dict(), "metrics": {}}, batch
+    from tasks.types import NodeResult
+
+    return NodeResult(node=name, ref=ref), batch
 
 
 def _kl_coef(run_dir: Path, iteration: int, cfg: Any) -> float | None:
@@ -169,7 +171,7 @@ def _stop_pool(pool: Any) -> None:
 
     if "reward" in pool.roles:
         try:
-            pool.call("reward", "close", timeout_s=30)
+            pool.role("reward").close(timeout_s=30)
         except Exception:  # noqa: BLE001 - best effort before the actor is killed
             pass
     destroy_pool(pool)
@@ -178,17 +180,14 @@ def _stop_pool(pool: Any) -> None:
 # ---- running ---------------------------------------------------------------------------------
 
 
-def _save_output(run: Any, output: str, out: Any) -> dict[str, Any]:
+def _save_output(run: Any, output: str, out: Any) -> Any:
     """Save what the node returned (Batch / (Batch, metrics) / metrics / NodeResult) as ``output``."""
-    from tasks.common import save_node_output
-    from tasks.node import split_node_output
+    from tasks.node import save_output
 
-    batch, metrics = split_node_output(output, out)
-    if batch is None:
-        return metrics
-    for line in batch.meta.pop("logs", []):
+    result, logs = save_output(run, output, out)
+    for line in logs:
         print(f"[worker] {line}")
-    return save_node_output(run, output, batch, metrics)
+    return result
 
 
 def _check_output_name(output: str, df: Any) -> None:
@@ -234,8 +233,7 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
     try:
         start = time.perf_counter()
         result = _save_output(run, output, df.node(name).fn(run, **inputs))
-        result["metrics"][f"timing_s/{TIMING_NAMES.get(name, name)}"] = time.perf_counter() - start
-        return result
+        return result.with_metrics({f"timing_s/{TIMING_NAMES.get(name, name)}": time.perf_counter() - start})
     finally:
         if pool is not None:
             _stop_pool(pool)
@@ -256,15 +254,15 @@ def print_result(result: dict[str, Any], run_dir: str, iteration: int) -> None:
     from rich.table import Table
 
     before = _run_metrics(run_dir, iteration)
-    table = Table(title=f"{result['node']} on iteration {iteration}")
+    table = Table(title=f"{result.node} on iteration {iteration}")
     for col in ("metric", "this run", "in the run"):
         table.add_column(col, justify="left" if col == "metric" else "right")
-    for k, v in sorted(result["metrics"].items()):
+    for k, v in sorted(result.metrics.items()):
         table.add_row(k, f"{v:.6g}", f"{before[k]:.6g}" if k in before else "")
     console = Console()
     console.print(table)
-    if result.get("ref"):
-        console.print(f"output: {result['ref']['uri']}.safetensors (+ .json), {result['ref']['rows']} rows")
+    if result.ref is not None:
+        console.print(f"output: {result.ref.uri}.safetensors (+ .json), {result.ref.rows} rows")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,12 +4,12 @@
 import json
 from pathlib import Path
 
-from flows.dataflow import DataFlow, node
-from flows.iteration import builtin_nodes, flow_inputs
+from flows.dataflow import node
+from flows.iteration import builtin_dataflow
 from hybridflow.batch import Batch
 
 
-@node(name="gate", overrides=("reward",), retries=1, retry_delay_s=0.5)
+@node(name="gate", retries=1, retry_delay_s=0.5)
 def gate(run, reward: Batch) -> Batch:
     plan_path = Path(run.run_dir) / "fail_plan.json"
     if plan_path.exists():
@@ -22,6 +22,4 @@ def gate(run, reward: Batch) -> Batch:
 
 
 def build_dataflow(cfg):
-    nodes = builtin_nodes(cfg)
-    at = [n.name for n in nodes].index("advantage")
-    return DataFlow(nodes[:at] + [gate] + nodes[at:], inputs=flow_inputs(cfg))
+    return builtin_dataflow(cfg).add(gate, before="advantage").rewire("advantage", reward="gate")

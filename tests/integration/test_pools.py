@@ -34,33 +34,33 @@ def test_two_rank_pool_equals_one_rank_pool(ray_cluster, tmp_path):
     cfg, one = _pool("main", 1, "pools-test-1")
     try:
         prompts = prompt_batch(load_tokenizer(cfg.model), ("1+1=", "22+3=", "7-2=", "9+9="))
-        batch = one.call("policy", "generate_sequences", prompts, seed=3)
-        batch = one.call("policy", "compute_log_probs", batch)
+        batch = one.role("policy").generate_sequences(prompts, seed=3)
+        batch = one.role("policy").compute_log_probs(batch)
         batch = with_advantages(batch)
-        m1 = one.call("policy", "update_policy", batch, expected_version=0, batch_id="b0")
-        one.call("policy", "save_checkpoint", str(tmp_path / "one"))
-        assert one.call("policy", "get_weights_version") == [1]
+        m1 = one.role("policy").update_policy(batch, expected_version=0, batch_id="b0")
+        one.role("policy").save_checkpoint(str(tmp_path / "one"))
+        assert one.role("policy").get_weights_version() == [1]
         # one prompt (1 group) next: fewer groups than the 2-rank pool has ranks
-        small = with_advantages(one.call("policy", "compute_log_probs", one.call(
-            "policy", "generate_sequences", prompt_batch(load_tokenizer(cfg.model), ("7*6=",)), seed=4)))
-        s1 = one.call("policy", "update_policy", small, expected_version=1, batch_id="b1")
-        one.call("policy", "save_checkpoint", str(tmp_path / "one_small"))
+        small = with_advantages(one.role("policy").compute_log_probs(one.role("policy").generate_sequences(
+            prompt_batch(load_tokenizer(cfg.model), ("7*6=",)), seed=4)))
+        s1 = one.role("policy").update_policy(small, expected_version=1, batch_id="b1")
+        one.role("policy").save_checkpoint(str(tmp_path / "one_small"))
     finally:
         destroy_pool(one)
 
     _, two = _pool("main", 2, "pools-test-2")
     try:
         assert len(set(two.pids())) == 2  # two processes, one per rank
-        m2 = two.call("policy", "update_policy", batch, expected_version=0, batch_id="b0")
-        two.call("policy", "save_checkpoint", str(tmp_path / "two"))
-        assert two.call("policy", "get_weights_version") == [1, 1]
-        again = two.call("policy", "update_policy", batch, expected_version=0, batch_id="b0")
+        m2 = two.role("policy").update_policy(batch, expected_version=0, batch_id="b0")
+        two.role("policy").save_checkpoint(str(tmp_path / "two"))
+        assert two.role("policy").get_weights_version() == [1, 1]
+        again = two.role("policy").update_policy(batch, expected_version=0, batch_id="b0")
         assert again == m2  # exactly-once: the repeat returns the recorded metrics
         # 1 group on 2 ranks: rank 1 gets a zero-weight stand-in; results hold the real rows only
-        gen = two.call("policy", "generate_sequences", prompt_batch(load_tokenizer(cfg.model), ("7*6=",)), seed=4)
-        assert gen["uid"] == ["p0", "p0"] and len(two.call("policy", "compute_log_probs", gen)) == 2
-        s2 = two.call("policy", "update_policy", small, expected_version=1, batch_id="b1")
-        two.call("policy", "save_checkpoint", str(tmp_path / "two_small"))
+        gen = two.role("policy").generate_sequences(prompt_batch(load_tokenizer(cfg.model), ("7*6=",)), seed=4)
+        assert gen["uid"] == ["p0", "p0"] and len(two.role("policy").compute_log_probs(gen)) == 2
+        s2 = two.role("policy").update_policy(small, expected_version=1, batch_id="b1")
+        two.role("policy").save_checkpoint(str(tmp_path / "two_small"))
     finally:
         destroy_pool(two)
     w1 = read_safetensors_folder(tmp_path / "one" / "policy")

@@ -6,8 +6,8 @@ Selected by config: `algorithm.adv_estimator=grpo_median`, `trainer.plugins=[tes
 
 import torch
 
-from flows.dataflow import DataFlow, node
-from flows.iteration import builtin_nodes, flow_inputs
+from flows.dataflow import node
+from flows.iteration import builtin_dataflow
 from hybridflow.algorithms import register_advantage_estimator
 from hybridflow.batch import Batch
 
@@ -25,7 +25,7 @@ def grpo_median(token_level_rewards, response_mask, *, uid=None, **options):
     return advantages, advantages.clone()
 
 
-@node(name="keep_informative_groups", overrides=("rollout", "reward"))
+@node(name="keep_informative_groups")
 def keep_informative_groups(run, rollout: Batch, reward: Batch):
     """Drop groups whose samples all got the same score (no learning signal; DAPO dynamic sampling)."""
     joined = rollout.union(reward)
@@ -37,6 +37,6 @@ def keep_informative_groups(run, rollout: Batch, reward: Batch):
 
 
 def build_dataflow(cfg):
-    nodes = builtin_nodes(cfg)
-    at = [n.name for n in nodes].index("advantage")
-    return DataFlow(nodes[:at] + [keep_informative_groups] + nodes[at:], inputs=flow_inputs(cfg))
+    """The built-in iteration, with the advantage (and so the update) on the informative groups."""
+    flow = builtin_dataflow(cfg).add(keep_informative_groups, before="advantage")
+    return flow.rewire("advantage", rollout="keep_informative_groups", reward="keep_informative_groups")

@@ -8,13 +8,16 @@ import logging
 import pytest
 
 import flows.train as T
-from hybridflow.batch import Batch
+from flows.iteration import IterationResult
+from hybridflow.batch import Batch, BatchRef
+from tasks.types import NodeResult
 from tests.unit._worker_helpers import tiny_cfg
 
 
-def _out(failed: float, rows: int = 4) -> dict:
+def _out(failed: float, rows: int = 4) -> IterationResult:
     metrics = {"reward/errors": failed, "reward/nan": 0.0, "reward/timeouts": 0.0, "reward/crashes": 0.0}
-    return {"metrics": metrics, "results": {"reward": {"node": "reward", "ref": {"rows": rows}, "metrics": {}}}}
+    ref = BatchRef("r", 1, "reward", "/nowhere/reward", rows, ("uid",), "0" * 64)
+    return IterationResult(results={"reward": NodeResult(node="reward", ref=ref)}, metrics=metrics)
 
 
 def test_stops_after_max_failure_iterations_in_a_row(monkeypatch):

@@ -1,0 +1,106 @@
+"""Role handles: a pool's role with its worker methods bound, verl's ``_bind_worker_method``.
+
+    policy = pool.role("policy")            # or tasks.pools.pool_of(run, "policy")
+    trajectories = policy.generate_sequences(prompts, seed=7)
+
+Each public method of the role's worker class (:data:`ROLE_CLASSES`) becomes a method of the
+handle with the same name, bound once, with the dispatch protocol the worker method declares
+(``@dispatch("dp_scatter")``, :mod:`workers.dispatch`; undeclared: ``broadcast``). A call splits
+its arguments across the pool's ranks by that protocol, runs them, and joins the results, so a
+reader (or a static walk) follows ``policy.generate_sequences`` straight to
+``PolicyWorker.generate_sequences``. Models: verl ``single_controller/base/worker_group.py``
+(``_bind_worker_method``) and ``decorator.py`` (``register``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.exceptions import GetTimeoutError
+
+from workers.dispatch import DispatchProtocol, get_dispatch, protocol_of
+from workers.pool_errors import PoolError
+
+if TYPE_CHECKING:
+    from workers.pool import Pool
+
+ROLE_CLASSES = {
+    "policy": "workers.policy:PolicyWorker",
+    "reference": "workers.reference:ReferenceWorker",
+    "critic": "workers.critic:CriticWorker",
+    "reward": "workers.reward:RewardWorker",
+}
+
+
+def role_class(role: str) -> type:
+    """The worker class of a built-in role. Raises PoolError for an unknown role."""
+    try:
+        module, name = ROLE_CLASSES[role].split(":")
+    except KeyError:
+        raise PoolError(f"unknown role {role!r}; roles: {', '.join(ROLE_CLASSES)}") from None
+    return getattr(importlib.import_module(module), name)
+
+
+def call_ranks(pool: Pool, role: str, method: str, proto: DispatchProtocol, args: tuple, kwargs: dict,
+               timeout_s: float | None = None) -> Any:
+    """Split (``proto.split``), run ``role.method`` on each rank that gets a part, join (``proto.join``).
+    Raises PoolError naming the pool, rank and method when a rank does not answer within ``timeout_s``."""
+    calls, info = proto.split(args, kwargs, pool.world_size)
+    refs = [None if c is None else actor.call.remote(role, method, *c[0], **c[1])
+            for actor, c in zip(pool.actors, calls, strict=True)]
+    results = []
+    for rank, ref in enumerate(refs):
+        if ref is None:
+            results.append(None)
+            continue
+        try:
+            results.append(ray.get(ref, timeout=timeout_s))
+        except GetTimeoutError:
+            raise PoolError(f"pool {pool.name!r} rank {rank}: {role}.{method} timed out after {timeout_s}s") from None
+    return proto.join([r for r in results if r is not None] if proto.name != "broadcast" else results, info)
+
+
+def _bound(pool: Pool, role: str, method: str, proto: DispatchProtocol, doc: str | None) -> Callable[..., Any]:
+    def call(*args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        return call_ranks(pool, role, method, proto, args, kwargs, timeout_s)
+
+    call.__name__, call.__qualname__, call.__doc__ = method, f"{role}.{method}", doc
+    call.protocol = proto.name  # type: ignore[attr-defined]
+    return call
+
+
+class RoleHandle:
+    """One role of a pool, its worker methods bound (see the module docstring). Every bound method
+    takes the worker method's arguments plus ``timeout_s`` (seconds per rank; None: no limit)."""
+
+    def __init__(self, pool: Pool, role: str, worker_class: type | None = None):
+        if role not in pool.roles:
+            raise PoolError(f"pool {pool.name!r} has no role {role!r} (roles: {', '.join(pool.roles)})")
+        self.pool, self.role = pool, role
+        self.worker_class = worker_class or role_class(role)
+        self.methods = tuple(sorted(_public_methods(self.worker_class)))
+        for name in self.methods:
+            fn = getattr(self.worker_class, name)
+            setattr(self, name, _bound(pool, role, name, get_dispatch(protocol_of(fn)), inspect.getdoc(fn)))
+
+    def __getattr__(self, name: str) -> Any:  # only for names that were not bound
+        if name.startswith("__") or name in ("pool", "role", "worker_class", "methods"):
+            raise AttributeError(name)
+        raise AttributeError(f"{self.worker_class.__name__} (role {self.role!r}) has no method {name!r}; "
+                             f"methods: {', '.join(self.methods)}")
+
+    def __repr__(self) -> str:
+        return f"RoleHandle(pool={self.pool.name!r}, role={self.role!r}, ranks={self.pool.world_size})"
+
+
+@functools.cache
+def _public_methods(cls: type) -> frozenset[str]:
+    return frozenset(name for name, fn in inspect.getmembers(cls, inspect.isfunction) if not name.startswith("_"))
+
+
+__all__ = ["ROLE_CLASSES", "RoleHandle", "call_ranks", "role_class"]
