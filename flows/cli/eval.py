@@ -10,8 +10,8 @@ model under ``-c CONFIG`` (the data, prompt format, reward and response length c
 The arguments are checked first (:func:`flows.eval_plan.plan_evaluation`, which the ``evaluate``
 flow runs too; it imports no Prefect, because Prefect reads PREFECT_API_URL once, when it is
 imported). Then, inside :func:`flows.services.services` (a local Prefect server unless
-PREFECT_API_URL is set; Ray, started by the flow, stopped if it was not running), the
-``evaluate`` flow runs and a table of accuracies is printed.
+PREFECT_API_URL is set; Ray, stopped at exit if it was not running before), the ``evaluate``
+flow runs and a table of accuracies is printed.
 """
 
 from __future__ import annotations
@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from flows.services import services
 
-    with services(cfg, prefect_home=args.prefect_home):
+    # Ray up front (the flow would start it with the same config): SIGTERM then unwinds through
+    # the services' exit instead of meeting the handler ray.init installs, which aborts the driver
+    with services(cfg, prefect_home=args.prefect_home, ray=True):
         from flows.evaluate import evaluate
 
         summary = evaluate(**kwargs)
