@@ -201,7 +201,7 @@ def deployed_run(prefect_api, mlflow_server, arith_files, tmp_path_factory):
     from prefect.states import Scheduled
 
     from flows.cli import build_parser
-    from flows.cli_deploy import run as deploy
+    from flows.cli.deploy import run as deploy
 
     tmp = tmp_path_factory.mktemp("deployed")
     run_dir = tmp / "runs" / RUN_ID

@@ -125,12 +125,12 @@ def test_export_of_a_damaged_step_leaves_nothing(run_with_two_steps, tmp_path, c
 
 
 def test_export_that_fails_while_writing_leaves_nothing(run_with_two_steps, tmp_path, capsys, monkeypatch):
-    import flows.cli_export
+    import flows.export
 
     def disk_full(folder):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(flows.cli_export, "_ensure_generation_config", disk_full)
+    monkeypatch.setattr(flows.export, "_ensure_generation_config", disk_full)
     out = tmp_path / "exported"
     code, err = run_cli(["export", str(run_with_two_steps), str(out)], capsys)
     assert code == 1 and f"cannot write {out}: No space left on device; nothing was exported" in _one_line(err)
@@ -202,7 +202,7 @@ def test_cli_prints_a_checkpoint_error_from_a_ray_task_in_one_line(tmp_path, goo
     by Prefect from the checkpoint task: the CLI prints the worker's message in one line, exit 1."""
     from ray.exceptions import RayTaskError
 
-    import flows.cli_train
+    import flows.cli.train
 
     cause = C.CheckpointError("policy rank 0: cannot write checkpoint to /r/checkpoints/step_000002.tmp: "
                               "No space left on device")
@@ -214,7 +214,7 @@ def test_cli_prints_a_checkpoint_error_from_a_ray_task_in_one_line(tmp_path, goo
         except Exception as e:
             raise RuntimeError("Task run 'checkpoint-000002' failed") from e
 
-    monkeypatch.setattr(flows.cli_train, "_train_with_servers", failing_run)
+    monkeypatch.setattr(flows.cli.train, "_train_with_servers", failing_run)
     code, err = run_cli(args_for(tmp_path, good_data), capsys)
     assert code == 1
     assert _one_line(err) == f"error: {cause}"

@@ -28,6 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from flows.cli.args import OverridesAnywhere, add_overrides
+
 # roles whose pools a node calls; a node not listed calls none
 NODE_ROLES: dict[str, tuple[str, ...]] = {"reward": ("reward",), "reference": ("reference",)}
 NOT_RUNNABLE: dict[str, str] = {
@@ -38,27 +40,14 @@ NOT_RUNNABLE: dict[str, str] = {
     "checkpoint": "it writes the run's checkpoints",
 }
 DEBUG_POOL = "node-debug"
-_OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
 
 
 class NodeRunError(ValueError):
     """The node cannot be run on that iteration (names the node, the iteration and why)."""
 
 
-class _OverridesAnywhere(argparse.ArgumentParser):
-    """Takes ``key.path=value`` overrides wherever they stand: argparse fills the trailing
-    ``overrides`` positional together with NODE, so later ones would be "unrecognized"."""
-
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
-        ns, extras = super().parse_known_args(args, namespace)
-        if hasattr(ns, "overrides"):
-            ns.overrides = list(ns.overrides or []) + [a for a in extras if _OVERRIDE.match(a)]
-            extras = [a for a in extras if not _OVERRIDE.match(a)]
-        return ns, extras
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="node_command", required=True, metavar="ACTION", parser_class=_OverridesAnywhere)
+    sub = p.add_subparsers(dest="node_command", required=True, metavar="ACTION", parser_class=OverridesAnywhere)
     r = sub.add_parser("run", help="run one node on the saved inputs of an iteration",
                        description="run one node on the saved inputs of an iteration")
     r.add_argument("node", metavar="NODE", help="node name, e.g. reward, reference, advantage, filter_groups")
@@ -67,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--output", default=None, metavar="NAME", help="output name in iter_N/ (default: <node>.debug)")
     r.add_argument("--use-debug-inputs", action="store_true",
                    help="read an upstream <node>.debug output instead of the run's, where one exists")
-    r.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. reward.function=my_reward.py:score")
+    add_overrides(r, "reward.function=my_reward.py:score")
 
 
 # ---- inputs ----------------------------------------------------------------------------------
@@ -279,20 +268,17 @@ def print_result(result: dict[str, Any], run_dir: str, iteration: int) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from flows.services import services
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        ray = None
-    ray_was_up = ray is not None and ray.is_initialized()
-    try:
-        result = run_node(args.run, args.node, args.iteration, args.overrides, output=args.output,
-                          use_debug_inputs=args.use_debug_inputs)
+        # no Prefect server (the node's own function runs, not its task); Ray only if the node
+        # needs a pool (run_node starts it then), stopped again at exit
+        with services(None, prefect=False):
+            result = run_node(args.run, args.node, args.iteration, args.overrides, output=args.output,
+                              use_debug_inputs=args.use_debug_inputs)
     except (NodeRunError, ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
-    finally:
-        if ray is not None and not ray_was_up and ray.is_initialized():
-            ray.shutdown()
     print_result(result, args.run, args.iteration)
     return 0
