@@ -1,7 +1,7 @@
 """Which checkpoints a run holds, and the folder of one step: the lookup that ``hybridflow export``,
 ``hybridflow eval`` and the ``evaluate`` flow share.
 
-A run's checkpoints live under ``RUN_DIR/checkpoints/step_<N>/`` (complete when they hold
+A run's checkpoints live under ``RUN_DIR/checkpoints/iter_<N>/`` (``step_<N>/`` in runs from before) (complete when they hold
 ``trainer_state.json``), with a ``latest`` pointer (:mod:`workers.checkpoint`). Nothing heavy is
 imported here (no torch, Prefect or Ray).
 """
@@ -16,35 +16,29 @@ class CheckpointNotFoundError(FileNotFoundError):
 
 
 def checkpoint_steps(run_dir: str | Path) -> list[int]:
-    """Steps with a complete checkpoint (``checkpoints/step_<N>/trainer_state.json``), ascending."""
-    from workers.checkpoint import STEP_PREFIX, TRAINER_STATE
+    """Iterations with a complete checkpoint (``checkpoints/iter_<N>`` or legacy ``step_<N>``), ascending."""
+    from workers.checkpoint import list_checkpoints
 
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    steps = []
-    for p in root.iterdir():
-        digits = p.name[len(STEP_PREFIX):]
-        if p.name.startswith(STEP_PREFIX) and digits.isdigit() and (p / TRAINER_STATE).is_file():
-            steps.append(int(digits))
-    return sorted(steps)
+    return [it for it, _ in list_checkpoints(Path(run_dir) / "checkpoints")]
 
 
 def parse_step(step: str | int) -> int | str:
-    """``"latest"`` → ``"latest"``; ``7``, ``"7"``, ``"step_000007"`` → 7. Raises ValueError otherwise."""
+    """``"latest"`` → ``"latest"``; ``7``, ``"7"``, ``"iter_000007"``, ``"step_000007"`` → 7. Raises ValueError otherwise."""
+    from workers.checkpoint import checkpoint_iteration
+
     if isinstance(step, int):
         return step
     text = str(step).strip()
     if text == "latest":
         return "latest"
-    digits = text.removeprefix("step_")
-    if not digits.isdigit():
-        raise ValueError(f"checkpoint step {step!r}: expected a number, step_<N> or 'latest'")
-    return int(digits)
+    n = int(text) if text.isdigit() else checkpoint_iteration(text)
+    if n is None:
+        raise ValueError(f"checkpoint step {step!r}: expected a number, iter_<N>, step_<N> or 'latest'")
+    return n
 
 
 def resolve_checkpoint(run_dir: str | Path, step: str | int = "latest") -> Path:
-    """The folder of checkpoint ``step`` (an int, ``"step_000007"`` or ``"latest"``) of a run.
+    """The folder of checkpoint ``step`` (an int, ``"iter_000007"``, ``"step_000007"`` or ``"latest"``) of a run.
 
     Raises CheckpointNotFoundError when ``run_dir`` is not a run directory, has no checkpoint,
     or lacks that step (the message lists the steps that exist); ValueError for a bad ``step``.
@@ -72,5 +66,10 @@ def resolve_checkpoint(run_dir: str | Path, step: str | int = "latest") -> Path:
 
 
 def step_of(step_dir: str | Path) -> int:
-    """7 for ``.../step_000007``."""
-    return int(Path(step_dir).name.removeprefix("step_"))
+    """7 for ``.../iter_000007`` (or a legacy ``.../step_000007``)."""
+    from workers.checkpoint import checkpoint_iteration
+
+    n = checkpoint_iteration(step_dir)
+    if n is None:
+        raise ValueError(f"{step_dir} is not a checkpoint folder (iter_<N> or step_<N>)")
+    return n

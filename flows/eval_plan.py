@@ -34,7 +34,7 @@ class EvalTarget:
 def target_of(model: str, step: str | None) -> dict[str, Any]:
     """The evaluate flow's target parameters for a ``--model`` argument: {"run_dir", "checkpoint"}
     for a run dir (``step`` or latest), its ``checkpoints/`` folder, its ``checkpoints/latest``
-    pointer or one ``checkpoints/step_<N>`` folder; else {"model"}. Raises ValueError when
+    pointer or one ``checkpoints/iter_<N>`` folder; else {"model"}. Raises ValueError when
     ``step`` is given for something that is not a run dir, ModelNotFoundError (a
     FileNotFoundError) when that something is no model either."""
     p = Path(model)

@@ -1,6 +1,6 @@
 """A checkpoint's policy as a plain Hugging Face model folder (``hybridflow export``).
 
-The policy part of a checkpoint (``RUN_DIR/checkpoints/step_<N>/policy``) is already written
+The policy part of a checkpoint (``RUN_DIR/checkpoints/iter_<N>/policy``) is already written
 as a plain HF folder (safetensors, LoRA merged, tied weights once, tokenizer); export copies it
 atomically to ``OUT_DIR``, adds ``generation_config.json`` when the checkpoint lacks one and a
 provenance file ``hybridflow_export.json``, then checks that ``transformers`` loads it

@@ -51,11 +51,9 @@ from hybridflow.models.checkpoint import WriteError, errno_of, io_error_text
 ITERATION_PREFIX = "iter_"  # checkpoints/iter_000007: the checkpoint taken after RL iteration 7
 LEGACY_PREFIX = "step_"  # the same folder as runs before issue 14 named it: always read
 CHECKPOINT_PREFIXES = (ITERATION_PREFIX, LEGACY_PREFIX)
-# The prefix new checkpoints are written with. Stays LEGACY_PREFIX until flows/cli_export.py
-# (checkpoint_steps, parse_step, step_of) reads folder names through checkpoint_iteration() /
-# list_checkpoints(); then becomes ITERATION_PREFIX (every other reader already takes both).
-CHECKPOINT_PREFIX = LEGACY_PREFIX
-STEP_PREFIX = LEGACY_PREFIX  # deprecated name, still imported by flows/cli_export.py
+# The prefix new checkpoints are written with (every reader takes both).
+CHECKPOINT_PREFIX = ITERATION_PREFIX
+STEP_PREFIX = LEGACY_PREFIX  # deprecated name
 LATEST = "latest"
 TRAINER_STATE = "trainer_state.json"
 

@@ -2,7 +2,7 @@
 [--max-prompts N] [key=value ...]``: accuracy of a model or checkpoint, per data source.
 
 ``--model`` is a run directory (its latest checkpoint, or ``--step N``), a checkpoint folder
-(``runs/<id>/checkpoints/step_000010``, or ``.../checkpoints/latest``), or any model
+(``runs/<id>/checkpoints/iter_000010``, or ``.../checkpoints/latest``), or any model
 ``model.path`` accepts (an exported HF folder, a .gguf file, ``smollm2-135m-instruct``). A
 run's checkpoint is evaluated under the run's config.yaml unless ``-c CONFIG`` is given; a
 model under ``-c CONFIG`` (the data, prompt format, reward and response length come from there).

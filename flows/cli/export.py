@@ -12,7 +12,7 @@ import sys
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<run_id>)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the HF model folder to write")
-    p.add_argument("--step", default="latest", help="checkpoint step: N, step_<N> or 'latest' (default: latest)")
+    p.add_argument("--step", default="latest", help="the checkpoint of RL iteration N: N, iter_<N> or 'latest' (default: latest)")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     p.add_argument("--no-load-check", action="store_true",
                    help="skip loading the result with transformers (the file checks still run)")

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = "grpo-arith"
 # the documented values that name the demo's size, and what the tiny run has instead
 SUBSTITUTE = {"<run_id>": RUN, "smollm2-135m-instruct": "tiny", "--step 20": "--step 1", "--step 10": "--step 1",
-              "step_000020": "step_000001", "--iteration 7": "--iteration 1"}
+              "iter_000020": "iter_000001", "--iteration 7": "--iteration 1"}
 TINY_EVAL = ["rollout.max_response_tokens=6", "placement.pools.main.cpus_per_worker=0.5",
              "placement.pools.reward.cpus_per_worker=0.25", "trainer.device=cpu"]
 TINY_TRAIN = ["model.path=tiny", "data.prompts_per_step=2", "data.max_prompt_tokens=448",
@@ -66,7 +66,7 @@ COMMANDS: dict[str, tuple[list[str], list[str], str | None]] = {
                                                "data/arith2/test.parquet"),
     "hybridflow train -c examples/grpo_arith.yaml trainer.total_iterations=20":
         ([*TINY_TRAIN, f"trainer.run_id={RUN}"], ["hybridflow run summary", "Open the UIs on this run:"],
-         f"runs/{RUN}/checkpoints/step_000001/trainer_state.json"),
+         f"runs/{RUN}/checkpoints/iter_000001/trainer_state.json"),
     "hybridflow train -c examples/grpo_arith.yaml -v":
         ([*TINY_TRAIN, f"trainer.run_id={RUN}-v"], ["hybridflow run summary"], f"runs/{RUN}-v/summary.json"),
     "hybridflow train --resume runs/<run_id>": ([], ["hybridflow run summary"], None),
@@ -85,7 +85,7 @@ COMMANDS: dict[str, tuple[list[str], list[str], str | None]] = {
     "hybridflow eval --model runs/grpo-arith": ([], _out(f"{RUN}@step1"), None),
     "hybridflow eval --model runs/grpo-arith --step 20 --samples 8 --temperature 1.0":
         ([], [*_out(f"{RUN}@step1", 8), "pass@8"], None),
-    "hybridflow eval --model runs/grpo-arith/checkpoints/step_000020 --data data/arith_test.parquet":
+    "hybridflow eval --model runs/grpo-arith/checkpoints/iter_000020 --data data/arith_test.parquet":
         ([], _out(f"{RUN}@step1"), None),
     "hybridflow eval --model out/model -c examples/grpo_arith.yaml --max-prompts 200":
         (TINY_EVAL, _out("model", where="runs/evals/eval-"), None),

@@ -80,7 +80,7 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path):
     step = _check_loadable(root, at_least=committed)
     # the kill hit the save after `committed`: at most its staging folder is left over
     leftovers = [p.name for p in root.iterdir() if p.name.endswith((".tmp", ".old"))]
-    assert all(name.startswith(C.STEP_PREFIX) or name == f"{C.LATEST}.tmp" for name in leftovers)
+    assert all(name.startswith(C.CHECKPOINT_PREFIX) or name == f"{C.LATEST}.tmp" for name in leftovers)
     # a restarted saver resumes from it, saves over the leftovers, and is killed again a bit later
     committed2 = _kill_after_commits(_start_saver(root, step + 1), commits=1, delay_s=0.05)
     assert committed2 == step + 1
