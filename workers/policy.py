@@ -51,11 +51,6 @@ RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride
 POLICY_DIR, POLICY_OPTIM_DIR = "policy", "policy_optim"
 
 
-def copy_batch(batch: Batch) -> Batch:
-    """Deprecated: ``batch.shallow_copy()`` (kept only for tasks/rollout.py until it switches)."""
-    return batch.shallow_copy()
-
-
 def build_policy_module(cfg: ExperimentConfig, device: torch.device) -> nn.Module:
     """The initial policy: the configured model (seeded by trainer.seed), LoRA applied, no dropout."""
     from hybridflow.models import apply_lora, load_causal_lm
@@ -354,4 +349,4 @@ class PolicyWorker:
             self._sync_rollout_weights()
 
 
-__all__ = ["PolicyWorker", "VersionMismatchError", "copy_batch", "build_policy_module"]
+__all__ = ["PolicyWorker", "VersionMismatchError", "build_policy_module"]

@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("flows.cli.bench", "run a benchmark from bench/"),
     "node": ("flows.cli.node", "run one dataflow node on a saved iteration"),
     "config": ("flows.cli.config", "show the resolved config"),
+    "dataflow": ("flows.cli.dataflow", "show the iteration's nodes, edges and pools for a config"),
 }
 
 # commands that run flows: they get -v (Prefect's task-state lines and Ray's worker logs on the console)

@@ -40,7 +40,7 @@ SUBSTITUTE = {"<run_id>": RUN, "smollm2-135m-instruct": "tiny", "--step 20": "--
               "iter_000020": "iter_000001", "--iteration 7": "--iteration 1"}
 TINY_EVAL = ["rollout.max_response_tokens=6", "placement.pools.main.cpus_per_worker=0.5",
              "placement.pools.reward.cpus_per_worker=0.25", "trainer.device=cpu"]
-TINY_TRAIN = ["model.path=tiny", "data.prompts_per_step=2", "data.max_prompt_tokens=448",
+TINY_TRAIN = ["model.path=tiny", "data.prompts_per_iteration=2", "data.max_prompt_tokens=448",
               "rollout.samples_per_prompt=2", "actor.mini_batch_trajectories=4", "actor.micro_batch_trajectories=2",
               "trainer.total_iterations=1", "trainer.save_every=1", "trainer.val_every=0",
               "trainer.val_before_train=false", *TINY_EVAL,
@@ -97,6 +97,10 @@ COMMANDS: dict[str, tuple[list[str], list[str], str | None]] = {
          f"runs/{RUN}/iter_000001/advantage.debug.safetensors"),
     "hybridflow node run advantage --run runs/grpo-arith --iteration 7 --use-debug-inputs":
         ([], ["advantage.debug on iteration 1"], None),
+    "hybridflow dataflow show -c examples/grpo_arith.yaml":
+        ([], ["calls policy @ pool main", "advantage(rollout <- rollout, reward <- reward"], None),
+    "hybridflow dataflow show -c examples/grpo_arith.yaml algorithm.filter_groups=true":
+        ([], ["advantage(rollout <- filter_groups, reward <- filter_groups"], None),
     "hybridflow bench list": ([], ["e2e", "peak"], None),
     "hybridflow bench peak --help": ([], ["usage:", "--tokens"], None),
 }
