@@ -6,7 +6,7 @@ non-tensor fields (``uid``, ``data_source``, ``ground_truth``, ``extra_info``,
 ``finish_reason``, ...) as Python lists of JSON-serialisable values, plus ``meta``
 (batch-level JSON info such as ``weights_version``).
 
-Keys, shapes and dtypes (DESIGN.md):
+Keys, shapes and dtypes (docs/architecture.md names where each batch is saved):
 
 ============================================  ================================  =============
 key                                           shape                             dtype

@@ -20,7 +20,7 @@ and counted in ``<prefix>/bad_updates``; ``<prefix>/update_skipped`` is 1 when n
 the update was applied.
 
 :class:`VersionedUpdates` is the exactly-once contract of ``update_policy`` /
-``update_critic`` (DESIGN.md, "Exactly-once update").
+``update_critic`` (docs/architecture.md, "Recovery and exactly-once updates"; the driver side is :mod:`tasks.versions`).
 """
 
 from __future__ import annotations
