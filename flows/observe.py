@@ -46,9 +46,9 @@ class RunObserver:
         """Log the checkpoint as an MLflow model when ``tracking.log_model`` asks for it."""
         if self.log_model == "none" or (self.log_model == "final" and not final):
             return
-        tag = f"hybridflow.model_uri.step_{it:06d}"
+        tag = f"hybridflow.model_uri.step_{it:06d}"  # the tag name stays (a resumed run finds its old tags)
         logged = self.tracker.client.get_run(self.tracker.run_id).data.tags.get(tag)  # e.g. before a resume
-        policy_dir = f"{self.state.dir.step_dir(it)}/policy"
+        policy_dir = f"{self.state.dir.checkpoint_dir(it)}/policy"
         if logged:
             self.model_uris[it] = logged
         elif self.state.dir.fs.isdir(policy_dir):

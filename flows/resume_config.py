@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from flows.preflight import PreflightError
-from flows.run_dir import RunDir
-from hybridflow.config import ExperimentConfig, flatten_config
+from flows.run_dir import CONFIG, RunDir
+from hybridflow.config import ExperimentConfig, flatten_config, load_config
 
 IDENTITY_KEYS = ("trainer.run_id", "trainer.run_dir", "trainer.resume")
 FREE_KEYS = (*IDENTITY_KEYS, "trainer.resume_fallback")
@@ -79,4 +79,29 @@ def _record(folder: RunDir, changes: dict[str, tuple[Any, Any]]) -> None:
     folder.bind(config_overrides=[*folder.run_info().get("config_overrides", []), record])
 
 
-__all__ = ["config_changes", "reconcile_resume_config", "IDENTITY_KEYS", "FREE_KEYS"]
+def resume_target(config_path: str | None, overrides: list[str] | None,
+                  resume: str | None) -> tuple[ExperimentConfig, str | None]:
+    """(config to run, run directory to resume or None) for ``hybridflow train [-c CONFIG]
+    [overrides] [--resume RUN_DIR|auto]``. ``--resume DIR`` without ``-c`` continues with DIR's
+    saved config (overrides such as trainer.total_iterations may extend it), not with the
+    defaults; ``--resume auto`` picks the latest run under trainer.run_dir (none: a new run).
+    Raises ConfigError (a bad config or override), PreflightError (DIR is not a run directory)."""
+    from flows.run_lock import latest_run
+
+    cfg = load_config(config_path, overrides)  # fails fast with a readable ConfigError
+    if not resume:
+        return cfg, None
+    if resume == "auto":
+        target = latest_run(Path(cfg.trainer.run_dir))
+        if target is None:
+            return cfg, None
+    else:
+        target = Path(resume)
+    if not RunDir(target).is_run() or not RunDir(target).exists(CONFIG):
+        raise PreflightError(f"--resume {resume}: {target} is not a run directory (no run.json / config.yaml)")
+    if config_path is None:
+        cfg = load_config(target / CONFIG, overrides)
+    return cfg, str(target)
+
+
+__all__ = ["config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS"]

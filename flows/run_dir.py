@@ -13,7 +13,7 @@ that go through :class:`RunDir`)::
     pool_events.jsonl      one line per (re)start and stop of a pool rank (workers/pool_events.py)
     iter_000007/           that iteration's node outputs: {prompts,rollout,reward,...}.{safetensors,json}
     updates_policy.jsonl   the exactly-once ledgers, one per trained role (tasks/update.py)
-    checkpoints/           step_000010/ ... and ``latest`` (workers/checkpoint.py; local files only)
+    checkpoints/           iter_000010/ ... and ``latest`` (workers/checkpoint.py; local files only)
     prefect-results/       Prefect result storage: the node-level cache (tasks/results.py)
 
 Every path is ``<url>/<name>``; reads and writes use ``fsspec.core.url_to_fs``, so a local path
@@ -104,7 +104,7 @@ class RunDir:
 
     @property
     def checkpoints(self) -> str:
-        """The checkpoint root (``step_000010/``, ``latest``)."""
+        """The checkpoint root (``iter_000010/``, ``latest``)."""
         return self.path(CHECKPOINTS)
 
     @property
@@ -120,11 +120,14 @@ class RunDir:
         """``<url>/updates_<role>.jsonl``: the exactly-once ledger of a trained role."""
         return self.path(f"updates_{role}.jsonl")
 
-    def step_dir(self, step: int) -> str:
-        """A committed checkpoint folder, ``<url>/checkpoints/step_000007``."""
-        from workers.checkpoint import step_name
+    def checkpoint_dir(self, iteration: int) -> str:
+        """The committed checkpoint of ``iteration``: ``<url>/checkpoints/iter_000007`` (or the
+        legacy ``step_000007`` folder when that one exists on a local run directory)."""
+        from workers.checkpoint import checkpoint_dir, checkpoint_name
 
-        return f"{self.checkpoints}/{step_name(step)}"
+        if isinstance(self.fs, LocalFileSystem):
+            return checkpoint_dir(self.checkpoints, iteration)
+        return f"{self.checkpoints}/{checkpoint_name(iteration)}"
 
     # ---- persistence ----
     def _fs_path(self, name: str) -> str:

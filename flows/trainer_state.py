@@ -85,7 +85,7 @@ class TrainerState:
 
     @classmethod
     def read(cls, step_dir: str | os.PathLike) -> TrainerState:
-        """The trainer state of a committed checkpoint folder (``checkpoints/step_000007``).
+        """The trainer state of a committed checkpoint folder (``checkpoints/iter_000007``).
         Raises CheckpointError (missing or not JSON), TrainerStateError (keys, types)."""
         return cls.from_dict(read_trainer_state(step_dir), source=f"{step_dir}/{TRAINER_STATE}")
 

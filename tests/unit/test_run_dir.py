@@ -36,7 +36,7 @@ def test_layout_names_every_file():
     assert rd.results == "memory://runs/r7/prefect-results"
     assert rd.iter_dir(7) == "memory://runs/r7/iter_000007"
     assert rd.ledger("critic") == "memory://runs/r7/updates_critic.jsonl"
-    assert rd.step_dir(12) == "memory://runs/r7/checkpoints/step_000012"
+    assert rd.checkpoint_dir(12) == "memory://runs/r7/checkpoints/iter_000012"
     assert RunDir("memory://runs/r7/").url == "memory://runs/r7"
 
 
@@ -47,6 +47,9 @@ def test_a_local_path_is_absolute_and_resolved(tmp_path, monkeypatch):
     rd = RunDir(Path("link") / "r2")
     assert rd.url == str((tmp_path / "real" / "r2").resolve()) and rd.name == "r2"
     assert rd.metrics_file == f"{rd.url}/metrics.jsonl"
+    assert rd.checkpoint_dir(3) == f"{rd.url}/checkpoints/iter_000003"
+    (tmp_path / "real" / "r2" / "checkpoints" / "step_000003").mkdir(parents=True)  # a run from before iter_<N>
+    assert rd.checkpoint_dir(3) == f"{rd.url}/checkpoints/step_000003"
 
 
 def test_create_writes_config_and_result_storage(run_dir):

@@ -12,7 +12,7 @@ from flows.trainer_state import TrainerStateError
 from hybridflow.config import load_config
 from hybridflow.data import write_rows
 from hybridflow.data.tasks import make_arith
-from workers.checkpoint import begin_save, commit_save
+from workers.checkpoint import begin_save, checkpoint_name, commit_save
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_the_trainer_state_survives_a_resume(cfg):
     assert again.flow_inputs({"node": "prompts"})["kl_coef"] == 0.002
     summary = again.summary()
     assert (summary["reward_first"], summary["reward_last"], summary["mlflow_run_id"]) == (0.25, 0.5, "m1")
-    assert summary["checkpoint"] == f"{first.run_dir}/checkpoints/step_000002"
+    assert summary["checkpoint"] == f"{first.run_dir}/checkpoints/{checkpoint_name(2)}"
     again.close()
 
 
@@ -65,7 +65,7 @@ def test_a_wrong_key_refuses_the_resume(cfg):
     data["weights_version"] = data.pop("policy_version")
     begin_save(first.dir.checkpoints, 3)
     commit_save(first.dir.checkpoints, 3, data)
-    path = f"{first.dir.step_dir(3)}/trainer_state.json"
+    path = f"{first.dir.checkpoint_dir(3)}/trainer_state.json"
     locks_before = held_locks()
     with pytest.raises(TrainerStateError, match=f"^{path}: unknown key 'weights_version'"):
         open_run(cfg, resume=first.run_dir)

@@ -9,7 +9,7 @@ import pytest
 
 from flows.trainer_state import TrainerState, TrainerStateError
 from hybridflow.data import PromptSampler
-from workers.checkpoint import begin_save, commit_save, load_latest
+from workers.checkpoint import begin_save, checkpoint_name, commit_save, load_latest
 
 # the object the driver wrote before TrainerState existed (RunState.trainer_state in flows/run_state.py)
 OLD_FORMAT = {
@@ -46,7 +46,7 @@ def test_round_trip_through_a_checkpoint(tmp_path):
     begin_save(root, 4)
     commit_save(root, 4, state.to_dict())
     path = load_latest(root)
-    assert path == str(root / "step_000004")
+    assert path == str(root / checkpoint_name(4))
     assert TrainerState.read(path) == state
     restored = PromptSampler(6, 2, shuffle=True, seed=7, drop_last=True)
     restored.load_state_dict(TrainerState.read(path).sampler)
@@ -79,7 +79,7 @@ def test_wrong_keys_name_the_file_and_the_key(tmp_path, change, message):
     commit_save(root, 2, {**OLD_FORMAT, **change})
     with pytest.raises(TrainerStateError) as err:
         TrainerState.read(load_latest(root))
-    assert str(err.value).startswith(f"{root / 'step_000002'}/trainer_state.json: ")
+    assert str(err.value).startswith(f"{root / checkpoint_name(2)}/trainer_state.json: ")
     assert message in str(err.value)
 
 
