@@ -38,7 +38,7 @@ def run(config: str, data: str, prompts: int, samples: int, overrides: list[str]
     from workers.policy import PolicyWorker
 
     ov = [f"data.train_files=[{data}]", f"data.val_files=[{data}]", f"rollout.samples_per_prompt={samples}",
-          f"data.prompts_per_step={prompts}", f"actor.mini_batch_trajectories={prompts * samples}",
+          f"data.prompts_per_iteration={prompts}", f"actor.mini_batch_trajectories={prompts * samples}",
           f"actor.micro_batch_trajectories={samples}", "trainer.device=cpu", *overrides]  # fmt: skip
     result: dict = {"config": config, "data": data, "prompts": prompts, "samples_per_prompt": samples}
     for label, extra in (("with_tool", []), ("without_tools", ["rollout.tools=[]"])):

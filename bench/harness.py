@@ -42,7 +42,7 @@ class Settings:
         ov: dict[str, Any] = {
             "model.path": self.model,
             "data.train_files": f"[{train_file}]",
-            "data.prompts_per_step": self.prompts_per_step,
+            "data.prompts_per_iteration": self.prompts_per_step,
             "data.shuffle": "false",
             "rollout.samples_per_prompt": self.samples_per_prompt,
             "rollout.max_response_tokens": self.max_response_tokens,

@@ -32,7 +32,7 @@ def train_config(model_path: str, micro: int, seq: int, steps: int, **extra: str
     from hybridflow.config import load_config
 
     rows = micro * steps
-    ov = {"model.path": model_path, "data.prompts_per_step": rows, "rollout.samples_per_prompt": 1,
+    ov = {"model.path": model_path, "data.prompts_per_iteration": rows, "rollout.samples_per_prompt": 1,
           "rollout.max_response_tokens": seq - seq // 4, "actor.mini_batch_trajectories": micro,
           "actor.micro_batch_trajectories": micro, "critic.mini_batch_trajectories": micro,
           "critic.micro_batch_trajectories": micro, "actor.lr": 1e-6, "trainer.device": "cpu", **extra}

@@ -46,6 +46,25 @@ def configure_console_logging(verbose: bool) -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+def storage_error_line(exc: BaseException) -> str | None:
+    """``error: <message>`` for a CheckpointError anywhere in ``exc``'s chain (Ray wraps a worker's
+    error as RayTaskError(CheckpointError), Prefect re-raises it from the task); None otherwise.
+    How a run's failed checkpoint write reads on the console: the worker's message in one line."""
+    from workers.checkpoint import CheckpointError
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        cause = getattr(e, "cause", None)  # RayTaskError keeps the worker's exception as .cause
+        if isinstance(cause, CheckpointError):
+            e = cause
+        if isinstance(e, CheckpointError):
+            return "error: " + " ".join(str(e.args[0] if e.args else e).split("\n")[0].split())
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def quiet() -> bool:
     return os.environ.get(CONSOLE_ENV) == "quiet"
 

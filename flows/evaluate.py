@@ -12,7 +12,7 @@ MLflow as a run of their own in the experiment, tagged with what was evaluated, 
         config.yaml  eval.json  execution_log.jsonl
         iter_<step>/val_prompts.*  iter_<step>/validate.*   (the scored generations)
 
-What is evaluated and under which config is decided by ``flows.cli_eval.plan_evaluation``,
+What is evaluated and under which config is decided by :func:`flows.eval_plan.plan_evaluation`,
 which imports no Prefect: the CLI checks its arguments with it before it starts the Prefect
 server (Prefect reads PREFECT_API_URL once, when it is imported).
 """
@@ -30,7 +30,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
-from flows.cli_eval import EvalTarget, plan_evaluation
+from flows.eval_plan import EvalTarget, plan_evaluation
 from hybridflow.config import ExperimentConfig, dump_config
 from tasks.common import RunContext, load_node_output, result_storage_path
 from tasks.types import NodeResult

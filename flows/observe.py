@@ -47,9 +47,11 @@ class RunObserver:
         """Log the checkpoint as an MLflow model when ``tracking.log_model`` asks for it."""
         if self.log_model == "none" or (self.log_model == "final" and not final):
             return
-        tag = f"hybridflow.model_uri.step_{it:06d}"
+        from workers.checkpoint import checkpoint_dir
+
+        tag = f"hybridflow.model_uri.step_{it:06d}"  # the tag name stays (a resumed run finds its old tags)
         logged = self.tracker.client.get_run(self.tracker.run_id).data.tags.get(tag)  # e.g. before a resume
-        policy_dir = Path(self.state.run_dir) / "checkpoints" / f"step_{it:06d}" / "policy"
+        policy_dir = Path(checkpoint_dir(Path(self.state.run_dir) / "checkpoints", it)) / "policy"
         if logged:
             self.model_uris[it] = logged
         elif policy_dir.is_dir():

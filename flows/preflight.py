@@ -10,7 +10,7 @@ key, the value and what is wrong:
 - a file of ``data.train_files`` / ``data.val_files`` is missing, not parquet/jsonl, has a bad
   row (unless ``data.on_bad_row=skip``: then the rows are skipped and counted) or a prompt
   longer than ``data.max_prompt_tokens`` (policy ``error``);
-- fewer usable prompts than ``data.prompts_per_step``;
+- fewer usable prompts than ``data.prompts_per_iteration``;
 - ``data.max_prompt_tokens`` (alone, or plus ``rollout.max_response_tokens``) longer than the
   model's context (``max_position_embeddings``);
 - a group-baseline advantage estimator (GRPO, RLOO, ...: registered with
@@ -190,10 +190,10 @@ def load_datasets(cfg: ExperimentConfig) -> Datasets:
             out.train_set = dataset
         else:
             out.val_set = dataset
-    n, per_step = len(out.train_set), cfg.data.prompts_per_step
-    if n < per_step:
+    n, per_iteration = len(out.train_set), cfg.data.prompts_per_iteration
+    if n < per_iteration:
         raise PreflightError(
-            f"data.prompts_per_step={per_step} but data.train_files hold {n} usable prompts "
+            f"data.prompts_per_iteration={per_iteration} but data.train_files hold {n} usable prompts "
             f"({int(out.report['data/train_skipped_rows'])} bad rows skipped, "
             f"{int(out.report['data/train_filtered_overlong'])} overlong filtered)"
         )
@@ -234,6 +234,28 @@ def check_resume_folder(run_dir: str | Path, cfg: ExperimentConfig, warn: Any = 
         raise PreflightError(f"--resume {run_dir}: {e}") from None
 
 
+def check_placement(cfg: ExperimentConfig) -> None:
+    """Every pool can ever be placed on the Ray cluster (Ray must be up): a request no node set can
+    hold is one line (PoolResourceError, a ConfigError: exit 2) before the flow starts, not a wait."""
+    from workers.placement import check_pool_fits_cluster
+
+    for name, pool_cfg in cfg.placement.pools.items():
+        check_pool_fits_cluster(name, pool_cfg)
+
+
+def preflight_run(cfg: ExperimentConfig, resume: str | None, warn: Any = print) -> int:
+    """The checks of ``hybridflow train`` before any server starts: what a resume loads from its
+    folder first (:func:`check_resume_folder`; ``warn`` gets its one-line fallback notices), then
+    :func:`preflight` on the config the run continues with (a resumed run's saved config.yaml).
+    Returns the number of bad dataset rows skipped (``data.on_bad_row=skip``); raises PreflightError."""
+    from hybridflow.config import load_config
+
+    if resume:
+        check_resume_folder(resume, cfg, warn=warn)
+    report = preflight(load_config(Path(resume) / "config.yaml") if resume else cfg)
+    return int(report.get("data/train_skipped_rows", 0) + report.get("data/val_skipped_rows", 0))
+
+
 def preflight(cfg: ExperimentConfig) -> dict[str, float]:
     """Every check above, cheapest first. Returns the data report (counts of skipped rows...)."""
     check_run_dir(cfg)
@@ -245,4 +267,4 @@ def preflight(cfg: ExperimentConfig) -> dict[str, float]:
 
 __all__ = ["PreflightError", "Datasets", "preflight", "check_run_dir", "check_engine", "check_models",
            "check_context_length", "check_group_size", "load_datasets", "check_reward_function",
-           "check_resume_folder"]
+           "check_resume_folder", "check_placement", "preflight_run"]

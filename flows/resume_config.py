@@ -81,4 +81,29 @@ def _record(run_dir: Path, changes: dict[str, tuple[Any, Any]]) -> None:
     tmp.replace(run_dir / "run.json")
 
 
-__all__ = ["config_changes", "reconcile_resume_config", "IDENTITY_KEYS", "FREE_KEYS"]
+def resume_target(config_path: str | None, overrides: list[str] | None,
+                  resume: str | None) -> tuple[ExperimentConfig, str | None]:
+    """(config to run, run directory to resume or None) for ``hybridflow train [-c CONFIG]
+    [overrides] [--resume RUN_DIR|auto]``. ``--resume DIR`` without ``-c`` continues with DIR's
+    saved config (overrides such as trainer.total_iterations may extend it), not with the
+    defaults; ``--resume auto`` picks the latest run under trainer.run_dir (none: a new run).
+    Raises ConfigError (a bad config or override), PreflightError (DIR is not a run directory)."""
+    from flows.run_lock import latest_run
+
+    cfg = load_config(config_path, overrides)  # fails fast with a readable ConfigError
+    if not resume:
+        return cfg, None
+    if resume == "auto":
+        target = latest_run(Path(cfg.trainer.run_dir))
+        if target is None:
+            return cfg, None
+    else:
+        target = Path(resume)
+    if not (target / "run.json").is_file() or not (target / "config.yaml").is_file():
+        raise PreflightError(f"--resume {resume}: {target} is not a run directory (no run.json / config.yaml)")
+    if config_path is None:
+        cfg = load_config(target / "config.yaml", overrides)
+    return cfg, str(target)
+
+
+__all__ = ["config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS"]

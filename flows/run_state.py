@@ -6,7 +6,7 @@ Layout of a run directory (any fsspec-style local path here):
         config.yaml  run.json  metrics.jsonl  execution_log.jsonl  summary.json
         iter_000007/{prompts,rollout,reward,reference,values,advantage}.{safetensors,json}
         updates_policy.jsonl  updates_critic.jsonl   (exactly-once ledgers)
-        checkpoints/step_000010/ ... checkpoints/latest
+        checkpoints/iter_000010/ ... checkpoints/latest
         prefect-results/   (Prefect result storage: node-level cache)
 """
 

@@ -6,7 +6,7 @@ non-tensor fields (``uid``, ``data_source``, ``ground_truth``, ``extra_info``,
 ``finish_reason``, ...) as Python lists of JSON-serialisable values, plus ``meta``
 (batch-level JSON info such as ``weights_version``).
 
-Keys, shapes and dtypes (DESIGN.md):
+Keys, shapes and dtypes (docs/architecture.md names where each batch is saved):
 
 ============================================  ================================  =============
 key                                           shape                             dtype
@@ -37,7 +37,6 @@ meta) through fsspec, so any fsspec URI works (local path, ``memory://``, ``s3:/
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -181,6 +180,11 @@ class Batch:
             self.non_tensors[key] = list(value)
 
     # ---- row operations ----------------------------------------------------------------------
+    def shallow_copy(self) -> Batch:
+        """A new Batch sharing this one's tensors and lists, whose fields can be set or replaced
+        without touching this batch (the containers are copied, the values are not)."""
+        return Batch(self.tensors.clone(recurse=False), dict(self.non_tensors), dict(self.meta))
+
     def select(self, keys: Iterable[str]) -> Batch:
         """A batch with only ``keys`` (tensor or non-tensor); meta is kept."""
         keys = list(keys)
@@ -373,15 +377,6 @@ class Batch:
         tensors = st_load(tensor_bytes) if tensor_bytes else {}
         td = TensorDict(tensors, batch_size=[doc["rows"]])
         return cls(td, doc["non_tensors"], doc["meta"])
-
-    def to_bytes(self) -> bytes:
-        """In-memory serialisation (same format as :meth:`save`)."""
-        t, j = self._serialise()
-        buf = io.BytesIO()
-        buf.write(len(t).to_bytes(8, "little"))
-        buf.write(t)
-        buf.write(j)
-        return buf.getvalue()
 
 
 PADDING_META_KEY = "dp_padding"

@@ -12,7 +12,9 @@ and config validation are fast.
 from __future__ import annotations
 
 import importlib
+import logging
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +43,29 @@ Role = Literal["policy", "reference", "critic", "reward"]
 
 class ConfigError(ValueError):
     """A config problem, already formatted for humans (one line per problem)."""
+
+
+# Deprecated key → its new name (dotted paths). The old key loads with a DeprecationWarning and a
+# logged warning naming the new one; a config that sets both is a ConfigError.
+RENAMED_KEYS = {"data.prompts_per_step": "data.prompts_per_iteration"}
+_log = logging.getLogger(__name__)
+
+
+def _rename_key(data: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """``data`` (a nested config dict) with ``section.old_key`` renamed to ``section.new_key``.
+
+    Raises ValueError when both are set."""
+    section_name, old_leaf = old.split(".")
+    new_leaf = new.split(".")[1]
+    section = data.get(section_name)
+    if not isinstance(section, dict) or old_leaf not in section:
+        return data
+    if new_leaf in section:
+        raise ValueError(f"{old} and {new} are both set; {old} is the deprecated name of {new}: keep only {new}")
+    msg = f"config key {old} is deprecated; use {new}"
+    warnings.warn(msg, DeprecationWarning, stacklevel=2)
+    _log.warning(msg)
+    return {**data, section_name: {(new_leaf if k == old_leaf else k): v for k, v in section.items()}}
 
 
 class _Section(BaseModel):
@@ -78,7 +103,9 @@ class DataConfig(_Section):
     data_source_key: str = Field("data_source", description="Column selecting the reward function per row.")
     reward_model_key: str = Field("reward_model", description="Column holding {style, ground_truth}.")
     extra_info_key: str = Field("extra_info", description="Column holding free-form per-row info.")
-    prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per RL iteration (before n samples each).")
+    prompts_per_iteration: int = Field(
+        8, gt=0, description="Prompts sampled per RL iteration (before n samples each). Formerly `prompts_per_step`."
+    )
     val_max_prompts: int | None = Field(
         None, gt=0, description="Evaluate on at most this many validation prompts (None = all)."
     )
@@ -91,7 +118,12 @@ class DataConfig(_Section):
     )
     apply_chat_template: bool = Field(True, description="Render `prompt` messages with the tokenizer's chat template.")
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by `trainer.seed`).")
-    drop_last: bool = Field(True, description="Drop the last incomplete step of an epoch.")
+    drop_last: bool = Field(True, description="Drop the last incomplete iteration's prompts of an epoch.")
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Deprecated name of :attr:`prompts_per_iteration` (read-only)."""
+        return self.prompts_per_iteration
 
 
 # ---- multi-turn rollouts: tools and environments (issue 16) ------------------------------------
@@ -474,8 +506,14 @@ class ExperimentConfig(_Section):
 
     # ---- derived -------------------------------------------------------------------------------
     @property
+    def trajectories_per_iteration(self) -> int:
+        """Trajectories one RL iteration trains on: data.prompts_per_iteration × rollout.samples_per_prompt."""
+        return self.data.prompts_per_iteration * self.rollout.samples_per_prompt
+
+    @property
     def trajectories_per_step(self) -> int:
-        return self.data.prompts_per_step * self.rollout.samples_per_prompt
+        """Deprecated name of :attr:`trajectories_per_iteration`."""
+        return self.trajectories_per_iteration
 
     @property
     def needs_critic(self) -> bool:
@@ -492,19 +530,30 @@ class ExperimentConfig(_Section):
             return self.rollout.engine == "hf"
         return self.actor.old_log_probs == "rollout"
 
+    # ---- renamed keys --------------------------------------------------------------------------
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Old key names (:data:`RENAMED_KEYS`) still load, with a warning naming the new key."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in RENAMED_KEYS.items():
+            data = _rename_key(data, old, new)
+        return data
+
     # ---- cross-field checks --------------------------------------------------------------------
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
         _check_registry_name("algorithm.adv_estimator", self.algorithm.adv_estimator, "advantage", self.trainer.plugins)
         _check_registry_name("actor.policy_loss", self.actor.policy_loss, "policy_loss", self.trainer.plugins)
-        n = self.trajectories_per_step
+        n = self.trajectories_per_iteration
         for sec in ("actor", "critic") if self.needs_critic else ("actor",):
             mini = getattr(self, sec).mini_batch_trajectories
             micro = getattr(self, sec).micro_batch_trajectories
             if n % mini:
                 raise ValueError(
-                    f"{sec}.mini_batch_trajectories={mini} must divide the step's trajectories "
-                    f"data.prompts_per_step × rollout.samples_per_prompt = {n}"
+                    f"{sec}.mini_batch_trajectories={mini} must divide the iteration's trajectories "
+                    f"data.prompts_per_iteration × rollout.samples_per_prompt = {n}"
                 )
             if mini % micro:
                 raise ValueError(f"{sec}.micro_batch_trajectories={micro} must divide {sec}.mini_batch_trajectories={mini}")

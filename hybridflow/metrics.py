@@ -1,4 +1,5 @@
-"""Iteration metrics with verl's names, and metric-name sanitising for MLflow.
+"""Iteration metrics with verl's names (our concepts → those names: :mod:`hybridflow.metric_names`),
+and metric-name sanitising for MLflow.
 
 Pure torch / python (no mlflow import): the tracking layer calls :func:`sanitize_metric_name`
 on every key before logging.

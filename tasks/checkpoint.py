@@ -1,4 +1,4 @@
-"""checkpoint node: each stateful pool writes its part of ``checkpoints/step_<k>``; the driver
+"""checkpoint node: each stateful pool writes its part of ``checkpoints/iter_<k>``; the driver
 state (sampler, versions, KL coef) goes in ``trainer_state.json``; ``latest`` moves last."""
 
 from __future__ import annotations

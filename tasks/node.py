@@ -26,6 +26,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from hybridflow.batch import Batch
+from hybridflow.metric_names import node_time_metric
 from tasks.common import (
     RunContext,
     forward_logs,
@@ -37,19 +38,6 @@ from tasks.common import (
 )
 from tasks.serializer import NodeResultSerializer
 from tasks.types import NodeResult
-
-# verl's timing metric names for the built-in nodes
-TIMING_NAMES = {
-    "rollout": "gen",
-    "reward": "reward",
-    "reference": "ref",
-    "values": "values",
-    "advantage": "adv",
-    "update_policy": "update_actor",
-    "update_critic": "update_critic",
-    "validate": "testing",
-    "checkpoint": "save_checkpoint",
-}
 
 
 @dataclass(frozen=True)
@@ -149,7 +137,7 @@ def _as_results(arguments: dict[str, Any]) -> None:
 def _body(f: Callable, node_name: str, batch_params: frozenset[str]) -> Callable[..., NodeResult]:
     """The Prefect task's function: record the execution, load Batch inputs, call, wrap, time."""
     sig = inspect.signature(f)
-    timing = f"timing_s/{TIMING_NAMES.get(node_name, node_name)}"
+    timing = node_time_metric(node_name)  # verl's names for the built-in nodes
 
     @functools.wraps(f)
     def body(*args: Any, **kwargs: Any) -> NodeResult:

@@ -29,8 +29,6 @@ def policy_log_probs_from_rollout(batch: Batch) -> Batch:
     if "rollout_log_probs" not in batch:
         raise BatchError("actor.old_log_probs='rollout' but the rollout engine returned no rollout_log_probs; "
                          "set actor.old_log_probs=recompute")
-    from workers.policy import copy_batch
-
-    out = copy_batch(batch)
+    out = batch.shallow_copy()
     out.set("old_log_probs", batch["rollout_log_probs"].float().masked_fill(~batch["response_mask"], 0.0))
     return out

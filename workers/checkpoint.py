@@ -1,22 +1,28 @@
 """Checkpoint layout, atomic commit and pickle-free state files.
 
-A checkpoint is one step folder under the run's checkpoint root::
+A checkpoint is one folder per saved RL iteration under the run's checkpoint root::
 
-    <ckpt_root>/step_000007/
+    <ckpt_root>/iter_000007/
         policy/                      HF format (safetensors + config + tokenizer), loadable as is
         policy_optim/rank_0.safetensors + rank_0.json   optimizer state + worker state, per rank
         critic/, critic_optim/       when a critic is trained
         trainer_state.json           caller's dict: weights_version per role, RNG, sampler, iteration
         manifest.json                every file's size and sha256, written last (checkpoint_integrity)
-    <ckpt_root>/latest               text file holding "step_000007"
+    <ckpt_root>/latest               text file holding "iter_000007"
 
-Saving is two-phase so several workers (possibly in several processes) can write one step:
+Runs from before issue 14 named the folders ``step_000007`` (the number was always the
+iteration): every reader here takes both names (:func:`list_checkpoints`,
+:func:`checkpoint_iteration`, :func:`checkpoint_dir`); :data:`CHECKPOINT_PREFIX` is what new
+checkpoints are written with — still ``step_`` until flows/cli_export.py reads both names too
+(see the comment at :data:`CHECKPOINT_PREFIX`).
 
-1. ``tmp = begin_save(root, step)`` — a fresh staging folder ``step_000007.tmp/`` (a leftover
-   from an interrupted save is removed); ``step_dir(root, step)`` names the same path;
+Saving is two-phase so several workers (possibly in several processes) can write one checkpoint:
+
+1. ``tmp = begin_save(root, iteration)`` — a fresh staging folder ``iter_000007.tmp/`` (a
+   leftover from an interrupted save is removed); ``staging_dir(root, iteration)`` names it;
 2. workers write into ``tmp`` (``PolicyWorker.save_checkpoint(tmp)``, ...);
-3. ``commit_save(root, step, trainer_state)`` (alias ``finalize_checkpoint``) writes
-   ``trainer_state.json``, then ``manifest.json`` (sizes + sha256 of every file), renames the folder to ``step_000007/`` and replaces ``latest``
+3. ``commit_save(root, iteration, trainer_state)`` (alias ``finalize_checkpoint``) writes
+   ``trainer_state.json``, then ``manifest.json`` (sizes + sha256 of every file), renames the folder to ``iter_000007/`` and replaces ``latest``
    atomically (tmp file + ``os.replace``).
 
 A crash before step 3 finishes leaves the previous checkpoint and ``latest`` untouched.
@@ -42,7 +48,12 @@ from safetensors.torch import load_file, save_file
 
 from hybridflow.models.checkpoint import WriteError, errno_of, io_error_text
 
-STEP_PREFIX = "step_"
+ITERATION_PREFIX = "iter_"  # checkpoints/iter_000007: the checkpoint taken after RL iteration 7
+LEGACY_PREFIX = "step_"  # the same folder as runs before issue 14 named it: always read
+CHECKPOINT_PREFIXES = (ITERATION_PREFIX, LEGACY_PREFIX)
+# The prefix new checkpoints are written with (every reader takes both).
+CHECKPOINT_PREFIX = ITERATION_PREFIX
+STEP_PREFIX = LEGACY_PREFIX  # deprecated name
 LATEST = "latest"
 TRAINER_STATE = "trainer_state.json"
 
@@ -51,11 +62,45 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be written or read (names the path and the cause)."""
 
 
-def step_name(step: int) -> str:
-    """``step_000007`` for step 7."""
-    if step < 0:
-        raise ValueError(f"checkpoint step must be >= 0, got {step}")
-    return f"{STEP_PREFIX}{step:06d}"
+def checkpoint_name(iteration: int) -> str:
+    """The folder name new checkpoints of RL iteration ``iteration`` get (``iter_000007`` for 7;
+    ``step_000007`` while :data:`CHECKPOINT_PREFIX` is the legacy prefix). Raises ValueError if < 0."""
+    if iteration < 0:
+        raise ValueError(f"checkpoint iteration must be >= 0, got {iteration}")
+    return f"{CHECKPOINT_PREFIX}{iteration:06d}"
+
+
+step_name = checkpoint_name  # deprecated name
+
+
+def checkpoint_iteration(folder: str | os.PathLike) -> int | None:
+    """7 for a folder named ``iter_000007`` or ``step_000007`` (any parent); None for any other name."""
+    name = Path(folder).name
+    for prefix in CHECKPOINT_PREFIXES:
+        digits = name.removeprefix(prefix)
+        if digits != name and digits.isdigit():
+            return int(digits)
+    return None
+
+
+def list_checkpoints(ckpt_root: str | os.PathLike, *, complete: bool = True) -> list[tuple[int, Path]]:
+    """(iteration, folder) of the checkpoint folders under ``ckpt_root``, by iteration ascending.
+
+    Both names count (``iter_*`` and the legacy ``step_*``); for an iteration present under both,
+    the one named with :data:`CHECKPOINT_PREFIX` wins. complete: only folders holding
+    ``trainer_state.json`` (committed). A missing root gives [].
+    """
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return []
+    found: dict[int, Path] = {}
+    for p in root.iterdir():
+        it = checkpoint_iteration(p)
+        if it is None or not p.is_dir() or (complete and not _is_complete(p)):
+            continue
+        if it not in found or p.name.startswith(CHECKPOINT_PREFIX):
+            found[it] = p
+    return sorted(found.items())
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -65,26 +110,36 @@ def _fsync_write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def step_dir(ckpt_root: str | os.PathLike, step: int) -> str:
-    """The staging folder workers write step ``step`` into (``<root>/step_000007.tmp``); it becomes
-    ``<root>/step_000007`` at :func:`finalize_checkpoint`. Pure path arithmetic: use
-    :func:`begin_save` to (re)create it empty first."""
-    return str(Path(ckpt_root) / f"{step_name(step)}.tmp")
+def staging_dir(ckpt_root: str | os.PathLike, iteration: int) -> str:
+    """The staging folder workers write iteration ``iteration``'s checkpoint into
+    (``<root>/iter_000007.tmp``); it becomes ``<root>/iter_000007`` at :func:`commit_save`. Pure
+    path arithmetic: use :func:`begin_save` to (re)create it empty first."""
+    return str(Path(ckpt_root) / f"{checkpoint_name(iteration)}.tmp")
 
 
-def final_step_dir(ckpt_root: str | os.PathLike, step: int) -> str:
-    """Where step ``step`` lives once committed (``<root>/step_000007``)."""
-    return str(Path(ckpt_root) / step_name(step))
+step_dir = staging_dir  # deprecated name
 
 
-def begin_save(ckpt_root: str | os.PathLike, step: int) -> str:
-    """Create (fresh) the staging folder workers write step ``step`` into; returns its path
-    (= :func:`step_dir`). A leftover of an interrupted save of the same step is removed.
+def checkpoint_dir(ckpt_root: str | os.PathLike, iteration: int) -> str:
+    """The committed folder of iteration ``iteration``: the existing one (``iter_000007``, or a
+    legacy ``step_000007``), else where :func:`commit_save` puts it."""
+    for it, folder in list_checkpoints(ckpt_root, complete=False):
+        if it == iteration:
+            return str(folder)
+    return str(Path(ckpt_root) / checkpoint_name(iteration))
+
+
+final_step_dir = checkpoint_dir  # deprecated name, still imported by flows/cli_export.py
+
+
+def begin_save(ckpt_root: str | os.PathLike, iteration: int) -> str:
+    """Create (fresh) the staging folder workers write iteration ``iteration``'s checkpoint into;
+    returns its path (= :func:`staging_dir`). A leftover of an interrupted save of it is removed.
 
     Raises CheckpointError when the root cannot be created or written (e.g. read-only, disk full).
     """
     root = Path(ckpt_root)
-    tmp = Path(step_dir(root, step))
+    tmp = Path(staging_dir(root, iteration))
     try:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -95,16 +150,17 @@ def begin_save(ckpt_root: str | os.PathLike, step: int) -> str:
     return str(tmp)
 
 
-def commit_save(ckpt_root: str | os.PathLike, step: int, trainer_state: dict[str, Any]) -> str:
+def commit_save(ckpt_root: str | os.PathLike, iteration: int, trainer_state: dict[str, Any]) -> str:
     """Write ``trainer_state.json``, move the temp folder into place, point ``latest`` at it.
 
     trainer_state: JSON-serialisable dict (use :func:`capture_rng_state` for RNG states).
-    Returns the final step folder path. Re-saving an existing step replaces it.
+    Returns the final folder path. Re-saving an existing iteration replaces it (a legacy
+    ``step_*`` folder of the same iteration included).
     Raises CheckpointError if :func:`begin_save` was not called or a write fails; the previous
     checkpoint and ``latest`` stay valid in that case.
     """
     root = Path(ckpt_root)
-    name = step_name(step)
+    name = checkpoint_name(iteration)
     tmp, final = root / f"{name}.tmp", root / name
     if not tmp.is_dir():
         raise CheckpointError(f"commit_save: {tmp} does not exist (call begin_save first)")
@@ -113,7 +169,7 @@ def commit_save(ckpt_root: str | os.PathLike, step: int, trainer_state: dict[str
 
         payload = json.dumps(trainer_state, indent=1, sort_keys=True).encode()
         _fsync_write(tmp / TRAINER_STATE, payload)
-        write_manifest(tmp)  # last: a step whose files changed after this no longer verifies
+        write_manifest(tmp)  # last: a checkpoint whose files changed after this no longer verifies
         if final.exists():
             old = root / f"{name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -125,6 +181,9 @@ def commit_save(ckpt_root: str | os.PathLike, step: int, trainer_state: dict[str
         latest_tmp = root / f"{LATEST}.tmp"
         _fsync_write(latest_tmp, name.encode())
         os.replace(latest_tmp, root / LATEST)
+        for prefix in CHECKPOINT_PREFIXES:  # the same iteration under its other name
+            if prefix != CHECKPOINT_PREFIX:
+                shutil.rmtree(root / f"{prefix}{iteration:06d}", ignore_errors=True)
     except (OSError, TypeError, ValueError) as e:
         raise CheckpointError(f"cannot commit checkpoint {final}: {e}") from e
     return str(final)
@@ -140,8 +199,9 @@ def _is_complete(path: Path) -> bool:
 def load_latest(ckpt_root: str | os.PathLike) -> str | None:
     """Path of the newest complete checkpoint, or None when there is none.
 
-    Follows ``latest``; if it is missing or points at a folder that is not complete (no
-    ``trainer_state.json``), falls back to the highest complete ``step_*`` folder.
+    Follows ``latest`` (which may name a legacy ``step_*`` folder); if it is missing or points at
+    a folder that is not complete (no ``trainer_state.json``), falls back to the complete folder
+    of the highest iteration (``iter_*`` or ``step_*``).
     """
     root = Path(ckpt_root)
     if not root.is_dir():
@@ -151,16 +211,13 @@ def load_latest(ckpt_root: str | os.PathLike) -> str | None:
         target = root / pointer.read_text().strip()
         if _is_complete(target):
             return str(target)
-    steps = sorted(
-        p for p in root.iterdir() if p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX) :].isdigit()
-    )
-    complete = [p for p in steps if _is_complete(p)]
-    return str(complete[-1]) if complete else None
+    complete = list_checkpoints(root)
+    return str(complete[-1][1]) if complete else None
 
 
-def read_trainer_state(step_dir: str | os.PathLike) -> dict[str, Any]:
+def read_trainer_state(folder: str | os.PathLike) -> dict[str, Any]:
     """The dict passed to :func:`commit_save`. Raises CheckpointError if missing or not JSON."""
-    path = Path(step_dir) / TRAINER_STATE
+    path = Path(folder) / TRAINER_STATE
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -313,6 +370,15 @@ def load_weights_strict(module: torch.nn.Module, state: dict[str, torch.Tensor],
 
 __all__ = [
     "CheckpointError",
+    "ITERATION_PREFIX",
+    "LEGACY_PREFIX",
+    "CHECKPOINT_PREFIXES",
+    "CHECKPOINT_PREFIX",
+    "checkpoint_name",
+    "checkpoint_iteration",
+    "list_checkpoints",
+    "staging_dir",
+    "checkpoint_dir",
     "step_name",
     "step_dir",
     "final_step_dir",

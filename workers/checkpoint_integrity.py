@@ -1,15 +1,16 @@
-"""Checkpoint manifests: what a step folder held when it was committed, and checking it still does.
+"""Checkpoint manifests: what a checkpoint folder held when it was committed, and checking it still does.
 
 ``commit_save`` writes ``manifest.json`` into the staging folder last, after every worker's
 files and ``trainer_state.json``, just before the folder is renamed into place::
 
     {"format": 1, "files": {"policy/model.safetensors": {"bytes": 123, "sha256": "..."}, ...}}
 
-:func:`verify_checkpoint` compares a step folder with its manifest (sizes first, then sha256)
+:func:`verify_checkpoint` compares a checkpoint folder with its manifest (sizes first, then sha256)
 and raises :class:`CheckpointDamagedError` naming the first file that differs, is missing or was
-added. :func:`choose_resume_checkpoint` is what a resume loads: the step ``latest`` names if it
-verifies; otherwise (``fallback``) the newest older step that does — the damaged steps are
-renamed ``step_<N>.damaged`` (kept, never loaded) and ``latest`` is pointed at the intact one —
+added. :func:`choose_resume_checkpoint` is what a resume loads: the checkpoint ``latest`` names if it
+verifies; otherwise (``fallback``) the newest older one that does (by iteration, whether named
+``iter_<N>`` or the legacy ``step_<N>``) — the damaged ones are renamed ``<name>.damaged`` (kept,
+never loaded) and ``latest`` is pointed at the intact one —
 or (no fallback) a CheckpointError. A committed step without a manifest (written before
 manifests existed) cannot be verified and counts as damaged.
 """
@@ -22,7 +23,14 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.checkpoint import LATEST, STEP_PREFIX, CheckpointError, _fsync_write, _is_complete, load_latest
+from workers.checkpoint import (
+    LATEST,
+    CheckpointError,
+    _fsync_write,
+    checkpoint_iteration,
+    list_checkpoints,
+    load_latest,
+)
 
 MANIFEST = "manifest.json"
 DAMAGED_SUFFIX = ".damaged"
@@ -82,10 +90,10 @@ def verify_checkpoint(step_dir: str | os.PathLike, *, hashes: bool = True) -> No
                                              "sha256 in the manifest")
 
 
-def _older_steps(root: Path, than: Path) -> list[Path]:
-    steps = [p for p in root.iterdir() if p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX):].isdigit()
-             and _is_complete(p) and p.name < than.name]
-    return sorted(steps, reverse=True)
+def _older_checkpoints(root: Path, than: Path) -> list[Path]:
+    """Complete checkpoints of iterations before ``than``'s, newest first (both folder names)."""
+    limit = checkpoint_iteration(than)
+    return [p for it, p in reversed(list_checkpoints(root)) if limit is None or it < limit]
 
 
 def _set_aside(step: Path) -> Path:
@@ -103,7 +111,7 @@ def choose_resume_checkpoint(ckpt_root: str | os.PathLike, *, fallback: bool,
 
     The step ``latest`` names (see :func:`~workers.checkpoint.load_latest`) when it verifies.
     Damaged and ``fallback``: the newest older step that verifies; the damaged steps newer than
-    it are renamed ``step_<N>.damaged``, ``latest`` is pointed at it, and ``warn`` gets one line
+    it are renamed ``<name>.damaged``, ``latest`` is pointed at it, and ``warn`` gets one line
     saying what was damaged and where the run resumes from. Damaged without ``fallback``, or no
     intact step at all: CheckpointError (one line, naming the damage).
     """
@@ -119,7 +127,7 @@ def choose_resume_checkpoint(ckpt_root: str | os.PathLike, *, fallback: bool,
     if not fallback:
         raise CheckpointError(f"{damage}; not resuming from an older checkpoint (trainer.resume_fallback=false)")
     newer = [Path(latest)]
-    for step in _older_steps(root, Path(latest)):
+    for step in _older_checkpoints(root, Path(latest)):
         try:
             verify_checkpoint(step)
         except CheckpointDamagedError:

@@ -21,7 +21,7 @@ from workers import checkpoint as C
 from workers import distributed as D
 from workers.dispatch import dispatch
 from workers.micro_batches import chunked_inference, disable_dropout
-from workers.policy import check_versions_agree, copy_batch
+from workers.policy import check_versions_agree
 from workers.shared_prefix import attention_mask
 from workers.training import (
     MicroResult,
@@ -53,7 +53,7 @@ class CriticWorker:
         self.model = D.wrap_for_training(self.module, D.pool_strategy(cfg, "critic"), world_size)
         self.sharded = D.is_fsdp(self.model)
         c = cfg.critic
-        steps = -(-cfg.trajectories_per_step // c.mini_batch_trajectories) * c.ppo_epochs
+        steps = -(-cfg.trajectories_per_iteration // c.mini_batch_trajectories) * c.ppo_epochs
         settings = OptimSettings(lr=c.lr, weight_decay=0.0, warmup_steps=c.lr_warmup_steps, schedule="constant",
                                  total_steps=cfg.trainer.total_iterations * steps, max_grad_norm=c.max_grad_norm)
         self.optim = Optimization(self.model, settings, world_size=world_size, prefix="critic")
@@ -77,7 +77,7 @@ class CriticWorker:
         model = self._inference_model
         parts = chunked_inference(model, batch, self.cfg.critic.micro_batch_trajectories,
                                   lambda chunk: response_values(model, chunk).cpu())
-        out = copy_batch(batch)
+        out = batch.shallow_copy()
         out.set("values", torch.cat(parts).masked_fill(~batch["response_mask"], 0.0))
         return out
 

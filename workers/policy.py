@@ -31,6 +31,7 @@ from hybridflow.algorithms import (
 )
 from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
+from hybridflow.metric_names import METRIC_NAMES
 from workers import checkpoint as C
 from workers import distributed as D
 from workers import shared_prefix
@@ -48,11 +49,6 @@ from workers.training import (
 
 RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride
 POLICY_DIR, POLICY_OPTIM_DIR = "policy", "policy_optim"
-
-
-def copy_batch(batch: Batch) -> Batch:
-    """A shallow copy whose fields can be added without touching the caller's batch."""
-    return Batch(batch.tensors.clone(recurse=False), dict(batch.non_tensors), dict(batch.meta))
 
 
 def build_policy_module(cfg: ExperimentConfig, device: torch.device) -> nn.Module:
@@ -112,7 +108,7 @@ class PolicyWorker:
 
     def _optim_settings(self) -> OptimSettings:
         a, cfg = self.cfg.actor, self.cfg
-        steps_per_update = -(-cfg.trajectories_per_step // a.mini_batch_trajectories) * a.ppo_epochs
+        steps_per_update = -(-cfg.trajectories_per_iteration // a.mini_batch_trajectories) * a.ppo_epochs
         return OptimSettings(
             lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.lr_warmup_steps, schedule=a.lr_schedule,
             total_steps=cfg.trainer.total_iterations * steps_per_update, max_grad_norm=a.max_grad_norm,
@@ -195,7 +191,7 @@ class PolicyWorker:
         maxes = D.all_reduce_max(torch.tensor([hi, neg_lo, seconds], dtype=torch.float64))
         rows = max(float(sums[1]), 1.0)
         return {
-            "timing_s/gen": float(maxes[2]),
+            METRIC_NAMES["rollout_time_s"]: float(maxes[2]),
             "response_length/mean": float(sums[0]) / rows,
             "response_length/max": float(maxes[0]),
             "response_length/min": -float(maxes[1]),
@@ -216,7 +212,7 @@ class PolicyWorker:
             return lp.float().cpu(), ent.float().cpu()
 
         parts = chunked_inference(self.inference_module, batch, self.cfg.actor.micro_batch_trajectories, run)
-        out = copy_batch(batch)
+        out = batch.shallow_copy()
         mask = batch["response_mask"]
         old = torch.cat([p[0] for p in parts]).masked_fill(~mask, 0.0)
         out.set("old_log_probs", old)
@@ -353,4 +349,4 @@ class PolicyWorker:
             self._sync_rollout_weights()
 
 
-__all__ = ["PolicyWorker", "VersionMismatchError", "copy_batch", "build_policy_module"]
+__all__ = ["PolicyWorker", "VersionMismatchError", "build_policy_module"]

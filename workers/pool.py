@@ -248,6 +248,16 @@ def create_pool(
             return existing
     except PoolError:
         pass
+    pg = _placement_group(namespace, name, pool_cfg, ready_timeout_s)
+    actors = _spawn_ranks(cfg, name, namespace, pg, ckpt_root, max_restarts)
+    pool = Pool(name, namespace, actors, tuple(pool_cfg.roles))
+    _bring_up(pool, ready_timeout_s)
+    return pool
+
+
+def _placement_group(namespace: str, name: str, pool_cfg: PoolConfig, timeout_s: float) -> Any:
+    """The pool's placement group (one bundle per rank), created if absent and placed within
+    ``timeout_s`` (PoolError naming the pool and the cluster's resources otherwise)."""
     pg_name = f"{namespace}/{name}"
     try:
         pg = get_placement_group(pg_name)
@@ -255,30 +265,33 @@ def create_pool(
         check_pool_fits_cluster(name, pool_cfg)  # a request no node set can hold fails now, not never
         pg = placement_group([bundle_of(pool_cfg)] * pool_cfg.workers, strategy=pool_cfg.placement_strategy,
                              name=pg_name)
-    if not pg.wait(timeout_seconds=ready_timeout_s):
+    if not pg.wait(timeout_seconds=timeout_s):
         remove_placement_group(pg)
-        raise PoolError(f"{describe(name, pool_cfg)}: not placed within {ready_timeout_s:g}s (other pools hold "
+        raise PoolError(f"{describe(name, pool_cfg)}: not placed within {timeout_s:g}s (other pools hold "
                         f"the resources?); cluster resources: {ray.cluster_resources()}")
+    return pg
+
+
+def _spawn_ranks(cfg: ExperimentConfig, name: str, namespace: str, pg: Any, ckpt_root: str | None,
+                 max_restarts: int) -> list[Any]:
+    """One named, restartable WorkerHost actor per rank, each on its bundle of ``pg``."""
+    pool_cfg = cfg.placement.pools[name]
     threads = pool_cfg.torch_threads or max(1, int(round(pool_cfg.cpus_per_worker)))
     host_cls = ray.remote(WorkerHost)
     cfg_dict = cfg.model_dump(mode="json")
-    actors = []
-    for rank in range(pool_cfg.workers):
-        actors.append(
-            host_cls.options(
-                name=_actor_name(name, rank),
-                namespace=namespace,
-                num_cpus=pool_cfg.cpus_per_worker,
-                num_gpus=pool_cfg.gpus_per_worker,
-                max_restarts=max_restarts,
-                max_task_retries=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-            ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads)
-        )
-    pool = Pool(name, namespace, actors, tuple(pool_cfg.roles))
-    _bring_up(pool, ready_timeout_s)
-    return pool
+    return [
+        host_cls.options(
+            name=_actor_name(name, rank),
+            namespace=namespace,
+            num_cpus=pool_cfg.cpus_per_worker,
+            num_gpus=pool_cfg.gpus_per_worker,
+            max_restarts=max_restarts,
+            max_task_retries=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads)
+        for rank in range(pool_cfg.workers)
+    ]
 
 
 def _bring_up(pool: Pool, timeout_s: float) -> None:

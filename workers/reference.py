@@ -18,7 +18,7 @@ from hybridflow.config import ExperimentConfig
 from workers.dispatch import dispatch
 from workers.log_probs import sequence_log_probs
 from workers.micro_batches import chunked_inference, disable_dropout
-from workers.policy import PolicyWorker, copy_batch
+from workers.policy import PolicyWorker
 
 
 class ReferenceWorker:
@@ -69,7 +69,7 @@ class ReferenceWorker:
 
         with ctx:
             parts = chunked_inference(module, batch, self.cfg.reference.micro_batch_trajectories, run)
-        out = copy_batch(batch)
+        out = batch.shallow_copy()
         out.set("ref_log_probs", torch.cat(parts).masked_fill(~batch["response_mask"], 0.0))
         return out
 

@@ -26,7 +26,6 @@ from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
 from workers import distributed as D
 from workers.dispatch import dispatch
-from workers.policy import copy_batch
 
 
 def place_scores(scores: list[float], response_mask: torch.Tensor) -> torch.Tensor:
@@ -143,7 +142,7 @@ class RewardWorker:
         if "env_reward" in batch:  # multi-turn environments' summed rewards (reward.combine)
             add = self.cfg.reward.combine == "add"
             scores = [s if e is None else e + (s if add else 0.0) for s, e in zip(scores, batch["env_reward"], strict=True)]
-        out = copy_batch(batch)
+        out = batch.shallow_copy()
         out.set("token_level_scores", place_scores(scores, batch["response_mask"]))
         out.set("score", scores)
         out.set("reward_failure", list(res.failures))

@@ -20,7 +20,7 @@ and counted in ``<prefix>/bad_updates``; ``<prefix>/update_skipped`` is 1 when n
 the update was applied.
 
 :class:`VersionedUpdates` is the exactly-once contract of ``update_policy`` /
-``update_critic`` (DESIGN.md, "Exactly-once update").
+``update_critic`` (docs/architecture.md, "Recovery and exactly-once updates"; the driver side is :mod:`tasks.versions`).
 """
 
 from __future__ import annotations
@@ -217,8 +217,26 @@ class Optimization:
             sum_across_ranks=lambda x: float(D.all_reduce_sum(torch.tensor([x], dtype=torch.float64)).item()),
             world_size=self.world_size,
         )
-        n_micro = int(D.all_reduce_max(torch.tensor([len(plan)], dtype=torch.float64)).item())
         self.optimizer.zero_grad(set_to_none=True)
+        finite = self._accumulate(batch, mini, plan, loss_fn, loss_agg_mode, max_response_tokens, tally, terms)
+        return self._apply_step(finite)
+
+    def _accumulate(
+        self,
+        batch: Batch,
+        mini: Batch,
+        plan: list[MicroBatch],
+        loss_fn: LossFn,
+        loss_agg_mode: str,
+        max_response_tokens: int | None,
+        tally: _Tally,
+        terms: _Tally,
+    ) -> bool:
+        """Backward of every micro-batch of ``plan`` over ``mini`` (gradients summed, synchronised
+        on the last one); True when every loss on this rank was finite. A rank with fewer
+        micro-batches than the most any rank has runs zero-weighted passes on ``batch[0]`` so the
+        collectives stay in step."""
+        n_micro = int(D.all_reduce_max(torch.tensor([len(plan)], dtype=torch.float64)).item())
         finite = True
         for k in range(n_micro):
             with D.no_sync(self.model, enabled=k < n_micro - 1):
@@ -238,6 +256,11 @@ class Optimization:
                     # zero weight, but the same metric keys on every rank (the reductions need them)
                     tally.add(res.averages, weight=0.0)
                     terms.add(dict.fromkeys(res.loss_terms, 0.0))
+        return finite
+
+    def _apply_step(self, finite: bool) -> tuple[bool, float]:
+        """Clip and apply the accumulated gradient unless a loss on any rank, or the gradient norm,
+        is not finite (then the gradient is dropped); returns (applied, grad norm)."""
         all_finite = D.all_reduce_max(torch.tensor([0.0 if finite else 1.0])).item() == 0.0
         norm = D.clip_grad_norm(self.params, self.settings.max_grad_norm)
         if not (all_finite and math.isfinite(norm)):

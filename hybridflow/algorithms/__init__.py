@@ -8,8 +8,11 @@ two in sync). User code adds one with a decorator::
     from hybridflow.algorithms import register_advantage_estimator
 
     @register_advantage_estimator("my_estimator")
-    def my_estimator(token_level_rewards, response_mask, *, uid=None, values=None,
-                     gamma=1.0, lam=1.0, **options): ...
+    def my_estimator(token_level_rewards, response_mask, *, uid): ...
+
+(an estimator declares the inputs it uses: ``uid``, ``values``, ``gamma``, ``lam``,
+``norm_by_std``, ``reward_baselines``; the pipeline passes only those, or all of them to one
+that takes ``**options``)
 
 and selects it with ``algorithm.adv_estimator=my_estimator`` (module listed in
 ``trainer.plugins``). See docs/algorithms.md.

@@ -1,17 +1,21 @@
 """Outcome-reward advantage estimators with group baselines: grpo, rloo,
 reinforce_plus_plus_baseline, opo, remax.
 
-Common signature (the registry contract)::
+Registry contract::
 
-    fn(token_level_rewards, response_mask, *, uid=None, values=None, gamma=1.0, lam=1.0, **options)
-        -> (advantages, returns)
+    fn(token_level_rewards, response_mask, *, <the inputs it uses>, **options) -> (advantages, returns)
+
+The inputs an estimator may declare are ``uid``, ``values``, ``gamma``, ``lam``,
+``norm_by_std`` and ``reward_baselines``; the pipeline passes each estimator only the ones it
+declares (:func:`hybridflow.algorithms.registry.declared_inputs`; all of them to one that takes
+``**options``).
 
 token_level_rewards: [batch, response_len] float32 (the outcome score usually sits on the last
 response token); response_mask: [batch, response_len] bool; uid: one group label per sample (a
 sequence of str/int or an int64 tensor; samples of one prompt share it). Outputs are
 [batch, response_len] float32, zero outside the mask, and two distinct tensors.
-An estimator ignores options it does not use, so one call site (the pipeline) can pass the
-same options to every estimator. The sequence score is the sum of the rewards over the
+The built-ins also take ``**options`` and ignore what they do not use, so a direct caller may
+pass one set of inputs to every estimator. The sequence score is the sum of the rewards over the
 response mask; group statistics are computed in float64. Every estimator here is an outcome
 estimator: the per-sequence advantage is broadcast over the sequence's valid tokens.
 
@@ -70,9 +74,6 @@ def grpo(
     response_mask: Tensor,
     *,
     uid: Uid | None = None,
-    values: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
     norm_by_std: bool = True,
     **options: Any,
 ) -> tuple[Tensor, Tensor]:
@@ -81,7 +82,7 @@ def grpo(
     A_i = (s_i − mean_g) / (std_g + 1e-6), std unbiased (n−1), broadcast over the response.
     norm_by_std=False is Dr. GRPO (Liu et al. 2025): A_i = s_i − mean_g.
     A group whose scores are all equal gets A = 0 exactly (never NaN); a group of one gets
-    A = s_i / (1 + 1e-6) (s_i without std normalisation). gamma, lam, values are unused.
+    A = s_i / (1 + 1e-6) (s_i without std normalisation).
     Example: scores [1, 0, 0, 0] → mean 0.25, std 0.5 → [1.5, −0.5, −0.5, −0.5].
     """
     mask = _check_shapes(token_level_rewards, response_mask)
@@ -100,9 +101,6 @@ def rloo(
     response_mask: Tensor,
     *,
     uid: Uid | None = None,
-    values: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
     **options: Any,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
@@ -125,9 +123,6 @@ def reinforce_plus_plus_baseline(
     response_mask: Tensor,
     *,
     uid: Uid | None = None,
-    values: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
     **options: Any,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ with a group-mean baseline (Hu 2025, arXiv:2501.03262).
@@ -150,9 +145,6 @@ def opo(
     response_mask: Tensor,
     *,
     uid: Uid | None = None,
-    values: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
     **options: Any,
 ) -> tuple[Tensor, Tensor]:
     """On-Policy RL with the Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585).
@@ -178,9 +170,6 @@ def remax(
     response_mask: Tensor,
     *,
     uid: Uid | None = None,
-    values: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
     reward_baselines: Tensor | None = None,
     **options: Any,
 ) -> tuple[Tensor, Tensor]:

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from hybridflow.algorithms.core import _as_bool, group_index, masked_mean, masked_sum
 from hybridflow.algorithms.kl import KLController, kl_penalty, make_kl_controller
-from hybridflow.algorithms.registry import get_advantage_estimator
+from hybridflow.algorithms.registry import declared_inputs, get_advantage_estimator
 from hybridflow.algorithms.sequences import overlong_penalty
 from hybridflow.batch import Batch, BatchError
 from hybridflow.config import ExperimentConfig
@@ -116,7 +116,8 @@ def compute_advantages(
     non-tensor ``response_length`` (overlong shaping) and tensor ``reward_baselines`` [B] (remax).
     Steps: DAPO overlong penalty (``algorithm.overlong_buffer.enable``), the zero-variance-group
     metric (on the rewards before KL), KL-in-reward (updates ``kl_controller``), then the
-    estimator named ``algorithm.adv_estimator`` with uid, values, gamma, lam, norm_by_std.
+    estimator named ``algorithm.adv_estimator``, given those of uid, values, gamma, lam,
+    norm_by_std, reward_baselines it declares (:func:`declared_inputs`).
     kl_controller: keep one for the run (see :func:`make_kl_controller`); None builds a fixed one
     from the config, and is refused for the adaptive controller (its state would be lost).
     Returns a new batch (the input is not modified) with ``token_level_rewards``, ``advantages``,
@@ -127,7 +128,7 @@ def compute_advantages(
     """
     algo = cfg.algorithm
     _require(batch, ("token_level_scores", "response_mask"), "compute_advantages")
-    out = Batch(batch.tensors.clone(recurse=False), dict(batch.non_tensors), dict(batch.meta))
+    out = batch.shallow_copy()
     mask = _as_bool(out["response_mask"])
     rewards = out["token_level_scores"].to(torch.float32)
     metrics: dict[str, float] = {}
@@ -143,19 +144,17 @@ def compute_advantages(
         rewards, m = apply_kl_in_reward(rewards, out, algo.kl_estimator, kl_controller)
         metrics.update(m)
     out.set("token_level_rewards", rewards.contiguous())
-    options: dict[str, Any] = {"norm_by_std": algo.norm_adv_by_std_in_grpo}
+    inputs: dict[str, Any] = {
+        "uid": out["uid"] if "uid" in out else None,
+        "values": out["values"] if "values" in out else None,
+        "gamma": algo.gamma,
+        "lam": algo.lam,
+        "norm_by_std": algo.norm_adv_by_std_in_grpo,
+    }
     if "reward_baselines" in out:
-        options["reward_baselines"] = out["reward_baselines"]
+        inputs["reward_baselines"] = out["reward_baselines"]
     estimator = get_advantage_estimator(algo.adv_estimator)
-    advantages, returns = estimator(
-        rewards,
-        mask,
-        uid=out["uid"] if "uid" in out else None,
-        values=out["values"] if "values" in out else None,
-        gamma=algo.gamma,
-        lam=algo.lam,
-        **options,
-    )
+    advantages, returns = estimator(rewards, mask, **declared_inputs(estimator, inputs))
     out.set("advantages", advantages.to(torch.float32).contiguous())
     out.set("returns", returns.to(torch.float32).contiguous())
     return out, metrics

@@ -2,9 +2,11 @@
 
 Common signature (the registry contract)::
 
-    fn(log_probs, old_log_probs, advantages, response_mask, *, clip_ratio_low=0.2,
-       clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean",
-       global_normalizer=None, max_response_tokens=None, **options) -> (loss, metrics)
+    fn(log_probs, old_log_probs, advantages, response_mask, **settings) -> (loss, metrics)
+
+settings: keywords named by the fields of :class:`PolicyLossSettings` (``clip_ratio_low=0.2``,
+``clip_ratio_high=0.2``, ``clip_ratio_c=3.0``, ``loss_agg_mode="token-mean"``,
+``global_normalizer=None``, ``max_response_tokens=None``).
 
 log_probs: [batch, response_len] float32 nats under the current policy (carries the graph);
 old_log_probs: same, under the policy that generated the data (no gradient); advantages: same;
@@ -18,6 +20,7 @@ Built-in losses reject unknown options (a misspelt option must not be silently i
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -31,15 +34,45 @@ LOG_RATIO_CLAMP = 20.0  # |log π/π_old| is clamped here before exp, as verl, s
 GSPO_LOG_RATIO_MAX = 10.0
 
 
-def _prepare(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, options: dict) -> Tensor:
-    if options:
-        raise TypeError(f"unknown policy-loss options: {sorted(options)}")
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The keyword settings every policy loss accepts (the registry contract's ``**settings``).
+
+    clip_ratio_low / clip_ratio_high: ε_low / ε_high of the ratio clip (unitless);
+    clip_ratio_c: the dual-clip constant c (> 1, PPO only); loss_agg_mode and
+    global_normalizer / max_response_tokens: as :func:`aggregate_loss` (micro-batch contract).
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    global_normalizer: float | Tensor | None = None
+    max_response_tokens: int | None = None
+
+    def aggregate(self, token_loss: Tensor, mask: Tensor) -> Tensor:
+        """[batch, response_len] per-token loss → 0-d loss, by ``loss_agg_mode``."""
+        return aggregate_loss(
+            token_loss, mask, self.loss_agg_mode,
+            max_response_tokens=self.max_response_tokens, global_normalizer=self.global_normalizer,
+        )
+
+
+_SETTING_NAMES = frozenset(f.name for f in fields(PolicyLossSettings))
+
+
+def _prepare(
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, settings: dict
+) -> tuple[Tensor, PolicyLossSettings]:
+    unknown = sorted(set(settings) - _SETTING_NAMES)
+    if unknown:
+        raise TypeError(f"unknown policy-loss options: {unknown}")
     if not (log_probs.shape == old_log_probs.shape == advantages.shape == mask.shape) or log_probs.dim() != 2:
         raise ValueError(
             "log_probs, old_log_probs, advantages, response_mask must all be [batch, response_len]; got "
             f"{tuple(log_probs.shape)}, {tuple(old_log_probs.shape)}, {tuple(advantages.shape)}, {tuple(mask.shape)}"
         )
-    return _as_bool(mask)
+    return _as_bool(mask), PolicyLossSettings(**settings)
 
 
 def _safe(x: Tensor, mask: Tensor) -> Tensor:
@@ -80,14 +113,7 @@ def ppo(
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-    global_normalizer: float | Tensor | None = None,
-    max_response_tokens: int | None = None,
-    **options: Any,
+    **settings: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017) with DAPO clip-higher (ε_high > ε_low,
     Yu et al. 2025) and dual clip for negative advantages (Ye et al. 2020).
@@ -97,15 +123,15 @@ def ppo(
     (1.5, −1) → 1.5. pg_clipfrac: fraction of valid tokens where the ε-clip is active;
     pg_clipfrac_lower: where the dual clip (c) is active. Raises ValueError if c ≤ 1.
     """
-    mask = _prepare(log_probs, old_log_probs, advantages, response_mask, options)
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
+    mask, s = _prepare(log_probs, old_log_probs, advantages, response_mask, settings)
+    if s.clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {s.clip_ratio_c}")
     log_ratio = torch.clamp(_safe(log_probs - old_log_probs, mask), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     adv = _safe(advantages, mask)
-    token_loss, clipped, dual = ppo_token_losses(torch.exp(log_ratio), adv, clip_ratio_low, clip_ratio_high, clip_ratio_c)
-    loss = aggregate_loss(
-        token_loss, mask, loss_agg_mode, max_response_tokens=max_response_tokens, global_normalizer=global_normalizer
+    token_loss, clipped, dual = ppo_token_losses(
+        torch.exp(log_ratio), adv, s.clip_ratio_low, s.clip_ratio_high, s.clip_ratio_c
     )
+    loss = s.aggregate(token_loss, mask)
     clipfrac = masked_mean(clipped.float(), mask)
     return loss, _metrics(loss, clipfrac, masked_mean(dual.float(), mask), log_ratio, mask)
 
@@ -116,14 +142,7 @@ def gspo(
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-    global_normalizer: float | Tensor | None = None,
-    max_response_tokens: int | None = None,
-    **options: Any,
+    **settings: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071), GSPO-token form.
 
@@ -133,7 +152,7 @@ def gspo(
     pg_clipfrac_lower = 0). The paper uses small ε (e.g. 3e-4 / 4e-4) and seq-mean-token-mean;
     the aggregation follows ``loss_agg_mode`` so the accumulation contract holds.
     """
-    mask = _prepare(log_probs, old_log_probs, advantages, response_mask, options)
+    mask, s = _prepare(log_probs, old_log_probs, advantages, response_mask, settings)
     token_log_ratio = _safe(log_probs - old_log_probs, mask)
     lengths = torch.count_nonzero(mask, -1).unsqueeze(-1).clamp(min=1).to(log_probs.dtype)
     seq_log_ratio = token_log_ratio.sum(-1, keepdim=True) / lengths
@@ -142,11 +161,9 @@ def gspo(
     ratio = torch.exp(log_s)
     adv = _safe(advantages, mask)
     unclipped = -adv * ratio
-    clipped_loss = -adv * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    clipped_loss = -adv * torch.clamp(ratio, 1 - s.clip_ratio_low, 1 + s.clip_ratio_high)
     token_loss = torch.maximum(unclipped, clipped_loss)
-    loss = aggregate_loss(
-        token_loss, mask, loss_agg_mode, max_response_tokens=max_response_tokens, global_normalizer=global_normalizer
-    )
+    loss = s.aggregate(token_loss, mask)
     clipfrac = masked_mean((clipped_loss > unclipped).float(), mask)
     return loss, _metrics(loss, clipfrac, torch.zeros(()), token_log_ratio, mask)
 
@@ -157,14 +174,7 @@ def reinforce(
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-    global_normalizer: float | Tensor | None = None,
-    max_response_tokens: int | None = None,
-    **options: Any,
+    **settings: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Importance-weighted REINFORCE (Williams 1992) without clipping.
 
@@ -172,12 +182,10 @@ def reinforce(
     value is −A and the gradient −A·∇log π, the plain policy gradient. Clip ratios are unused;
     pg_clipfrac and pg_clipfrac_lower are 0.
     """
-    mask = _prepare(log_probs, old_log_probs, advantages, response_mask, options)
+    mask, s = _prepare(log_probs, old_log_probs, advantages, response_mask, settings)
     log_ratio = torch.clamp(_safe(log_probs - old_log_probs, mask), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     token_loss = -_safe(advantages, mask) * torch.exp(log_ratio)
-    loss = aggregate_loss(
-        token_loss, mask, loss_agg_mode, max_response_tokens=max_response_tokens, global_normalizer=global_normalizer
-    )
+    loss = s.aggregate(token_loss, mask)
     zero = torch.zeros(())
     return loss, _metrics(loss, zero, zero, log_ratio, mask)
 
@@ -188,14 +196,7 @@ def cispo(
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-    global_normalizer: float | Tensor | None = None,
-    max_response_tokens: int | None = None,
-    **options: Any,
+    **settings: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """CISPO, clipped importance-sampling-weight policy optimisation (MiniMax-M1, arXiv:2506.13585).
 
@@ -204,16 +205,14 @@ def cispo(
     and is not comparable with PPO's; its gradient is the quantity of interest.
     pg_clipfrac: fraction of valid tokens with ρ outside the band; clip_ratio_c unused.
     """
-    mask = _prepare(log_probs, old_log_probs, advantages, response_mask, options)
+    mask, s = _prepare(log_probs, old_log_probs, advantages, response_mask, settings)
     log_ratio = torch.clamp(_safe(log_probs - old_log_probs, mask), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio).detach()
-    weight = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    weight = torch.clamp(ratio, 1 - s.clip_ratio_low, 1 + s.clip_ratio_high)
     token_loss = -weight * _safe(advantages, mask) * _safe(log_probs, mask)
-    loss = aggregate_loss(
-        token_loss, mask, loss_agg_mode, max_response_tokens=max_response_tokens, global_normalizer=global_normalizer
-    )
+    loss = s.aggregate(token_loss, mask)
     clipfrac = masked_mean((weight != ratio).float(), mask)
     return loss, _metrics(loss, clipfrac, torch.zeros(()), log_ratio, mask)
 
 
-__all__ = ["ppo", "gspo", "reinforce", "cispo", "ppo_token_losses", "LOG_RATIO_CLAMP"]
+__all__ = ["ppo", "gspo", "reinforce", "cispo", "ppo_token_losses", "PolicyLossSettings", "LOG_RATIO_CLAMP"]

@@ -7,8 +7,9 @@ name raises KeyError listing the known ones. Dispatch goes only through here.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -63,6 +64,19 @@ def get_advantage_estimator(name: str) -> Callable:
 
 def advantage_estimator_names() -> list[str]:
     return sorted(_ADVANTAGE_ESTIMATORS)
+
+
+def declared_inputs(fn: Callable, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``inputs`` that ``fn`` declares as parameters (all of them if it takes ``**kw``).
+
+    The advantage pipeline offers every estimator the same inputs (``uid``, ``values``, ``gamma``,
+    ``lam``, ``norm_by_std``, ``reward_baselines``); an estimator names only those it uses.
+    """
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(inputs)
+    names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return {k: v for k, v in inputs.items() if k in names}
 
 
 def register_policy_loss(name: str) -> Callable[[F], F]:

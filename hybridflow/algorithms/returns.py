@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hybridflow.algorithms.advantages import Uid, _check_shapes
+from hybridflow.algorithms.advantages import _check_shapes
 from hybridflow.algorithms.core import masked_whiten
 from hybridflow.algorithms.registry import register_advantage_estimator
 
@@ -30,7 +30,6 @@ def gae(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
-    uid: Uid | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
@@ -76,17 +75,14 @@ def reinforce_plus_plus(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
-    uid: Uid | None = None,
-    values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
     **options: Any,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted reward-to-go, whitened over the batch.
 
     returns_t = r_t + γ·returns_{t+1} along the valid positions; a masked position ends the
     chain (verl's "reset after EOS"). advantages = returns whitened over all valid tokens of the
-    batch (global batch normalisation, no group baseline). uid, values, lam are unused.
+    batch (global batch normalisation, no group baseline).
     """
     mask = _check_shapes(token_level_rewards, response_mask)
     width = _used_width(mask)

@@ -110,12 +110,6 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
-def numbers_equal(a: str, b: str) -> bool:
-    """True when both strings parse as numbers (see :func:`parse_number`) of equal value."""
-    x, y = parse_number(a), parse_number(b)
-    return x is not None and y is not None and x == y
-
-
 __all__ = [
     "extract_boxed",
     "extract_answer_line",
@@ -123,5 +117,4 @@ __all__ = [
     "extract_hash_answer",
     "last_number",
     "parse_number",
-    "numbers_equal",
 ]

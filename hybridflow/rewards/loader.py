@@ -17,15 +17,12 @@ so ``def reward(completions, **kw)`` and ``def score(solution_str, ground_truth)
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
+
+from hybridflow.user_code import import_user_module
 
 RewardKind = Literal["verl", "verl_async", "batched", "batched_async"]
 
@@ -92,7 +89,9 @@ def load_reward_function(spec: str) -> RewardFunction:
     if ":" not in spec:
         raise RewardLoadError(f"reward.function {spec!r}: expected 'package.module:function' or 'path/file.py:function'")
     where, name = spec.rsplit(":", 1)
-    module = _import_file(spec, where) if where.endswith(".py") or "/" in where else _import_module(spec, where)
+    module = import_user_module(
+        where, label=f"reward.function {spec!r}", prefix="hybridflow_user_reward_", error_cls=RewardLoadError
+    )
     fn = getattr(module, name, None)
     if fn is None:
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
@@ -100,33 +99,6 @@ def load_reward_function(spec: str) -> RewardFunction:
     if not callable(fn):
         raise RewardLoadError(f"reward.function {spec!r}: {name} is a {type(fn).__name__}, not a function")
     return RewardFunction(spec, fn, _detect_kind(spec, fn))
-
-
-def _import_module(spec: str, module_name: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except BaseException as e:  # noqa: BLE001 - user code may raise anything at import, even SystemExit
-        raise RewardLoadError(f"reward.function {spec!r}: importing {module_name} failed: {type(e).__name__}: {e}") from e
-
-
-def _import_file(spec: str, path_str: str) -> Any:
-    path = Path(path_str).expanduser().resolve()
-    if not path.is_file():
-        raise RewardLoadError(f"reward.function {spec!r}: file {path_str!r} does not exist")
-    mod_name = f"hybridflow_user_reward_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    mspec = importlib.util.spec_from_file_location(mod_name, path)
-    if mspec is None or mspec.loader is None:
-        raise RewardLoadError(f"reward.function {spec!r}: {path} is not a loadable Python file")
-    module = importlib.util.module_from_spec(mspec)
-    sys.modules[mod_name] = module
-    try:
-        mspec.loader.exec_module(module)
-    except BaseException as e:  # noqa: BLE001
-        del sys.modules[mod_name]
-        raise RewardLoadError(f"reward.function {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
-    return module
 
 
 def _detect_kind(spec: str, fn: Callable[..., Any]) -> RewardKind:

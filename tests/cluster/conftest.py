@@ -4,15 +4,14 @@ addresses and stopped by the process groups and PIDs we started."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.postgres import start_postgres, start_prefect_on_postgres
 from tests.cluster.ray_cluster import REPO, LocalRayCluster, cluster_env
+from tests.train_process import start_train
 
 VARIED_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -76,23 +75,11 @@ def data(tmp_path_factory):
 
 
 def train_cli(args: list[str], *, cwd: Path, log: Path, prefect_api: str) -> subprocess.Popen:
-    """``hybridflow train ARGS`` in its own process group (the driver: attaches to the cluster)."""
+    """``hybridflow train -v ARGS`` in its own process group (the driver: attaches to the cluster)."""
     cwd.mkdir(parents=True, exist_ok=True)
     env = {**cluster_env(), "PREFECT_API_URL": prefect_api}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "-v", *args], cwd=cwd, env=env,
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    return start_train(["-v", *args], cwd=cwd, log=log, env=env)
 
 
-def wait_cli(proc: subprocess.Popen, log: Path, timeout_s: float = 900) -> int:
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"hybridflow train did not finish in {timeout_s}s:\n{log.read_text(errors='replace')[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait(timeout=30)
-
-
-__all__ = ["REPO", "train_cli", "wait_cli"]
+__all__ = ["REPO", "train_cli"]

@@ -25,9 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cluster.conftest import train_cli, wait_cli
+from tests.cluster.conftest import train_cli
 from tests.cluster.stall_plugin import stall_dir
 from tests.integration.conftest import tiny_overrides
+from tests.train_process import wait_train
+from workers.checkpoint import checkpoint_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]
 ITERATIONS = 3
@@ -46,7 +48,7 @@ def overrides(cluster, runs: Path, data: Path, run_id: str, strategy: str, **ext
         "trainer.save_every": "1",
         "trainer.val_before_train": "true",
         "trainer.plugins": "[tests.cluster.stall_plugin]",
-        "data.prompts_per_step": "1",
+        "data.prompts_per_iteration": "1",
         "actor.mini_batch_trajectories": "2",
         "rollout.max_response_tokens": "8",
         "reward.function": f"{data / 'varied_reward.py'}:compute_score",
@@ -77,7 +79,7 @@ def _run(cluster, runs, data, prefect_api, run_id: str, strategy: str, **extra: 
     log = runs / f"{run_id}.log"
     proc = train_cli(overrides(cluster, runs, data, run_id, strategy, **extra), cwd=cluster.root / "driver",
                      log=log, prefect_api=prefect_api)
-    rc = wait_cli(proc, log)
+    rc = wait_train(proc, log)
     return rc, runs / run_id, log.read_text(errors="replace")
 
 
@@ -159,7 +161,7 @@ def test_node_failure_stops_the_run_and_resume_completes(cluster, runs, data, pr
         cluster.kill_raylet(node2)
         _wait_for(lambda: _gone(rank1["pid"]), "rank 1 outlived its raylet", 120, log)
         (stall / "update_policy-v1").unlink()
-        rc = wait_cli(proc, log)
+        rc = wait_train(proc, log)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
@@ -175,12 +177,12 @@ def test_node_failure_stops_the_run_and_resume_completes(cluster, runs, data, pr
     resume_log = runs / "node-failure-resume.log"
     resumed = train_cli(["--resume", str(run_dir)], cwd=cluster.root / "driver", log=resume_log,
                         prefect_api=prefect_api)
-    assert wait_cli(resumed, resume_log) == 0, resume_log.read_text(errors="replace")[-4000:]
+    assert wait_train(resumed, resume_log) == 0, resume_log.read_text(errors="replace")[-4000:]
     ledger = read_jsonl(run_dir / "updates_policy.jsonl")
     assert [(e["version_before"], e["iteration"]) for e in ledger] == [(0, 1), (1, 2), (2, 3)]
     ids = cluster.node_ids()
     assert {e["node_id"] for e in events(run_dir)[-2:]} == {ids["127.0.0.2"], ids["127.0.0.4"]}
-    want = policy_weights(spread[0] / "checkpoints" / f"step_{ITERATIONS:06d}")
-    got = policy_weights(run_dir / "checkpoints" / f"step_{ITERATIONS:06d}")
+    want = policy_weights(spread[0] / "checkpoints" / checkpoint_name(ITERATIONS))
+    got = policy_weights(run_dir / "checkpoints" / checkpoint_name(ITERATIONS))
     assert want.keys() == got.keys()
     assert [k for k in want if not torch.equal(want[k], got[k])] == []

@@ -71,7 +71,7 @@ def tiny_overrides(run_dir: str, train: str, val: str, **extra: str) -> list[str
         "model.path": "tiny",
         "data.train_files": f"[{train}]",
         "data.val_files": f"[{val}]",
-        "data.prompts_per_step": "2",
+        "data.prompts_per_iteration": "2",
         "data.max_prompt_tokens": "448",  # + the response must fit the tiny model's 512 positions
         "rollout.samples_per_prompt": "2",
         "rollout.max_response_tokens": "6",

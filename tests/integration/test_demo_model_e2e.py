@@ -30,7 +30,7 @@ def test_one_real_iteration_of_the_demo_model(prefect_api, ray_cluster, tmp_path
     runs = tmp_path / "runs"
     summary = train(config_path=str(ROOT / "examples" / "grpo_arith.yaml"), overrides=[
         f"data.train_files=[{tmp_path / 'train.parquet'}]", "data.val_files=[]",
-        "data.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_response_tokens=8",
+        "data.prompts_per_iteration=2", "rollout.samples_per_prompt=2", "rollout.max_response_tokens=8",
         "actor.mini_batch_trajectories=4", "actor.micro_batch_trajectories=2", "actor.lr=1e-5",
         "trainer.total_iterations=1", "trainer.save_every=1", "trainer.val_before_train=false",
         "trainer.val_every=0", "trainer.run_id=demo-e2e", f"trainer.run_dir={runs}", "trainer.device=cpu",

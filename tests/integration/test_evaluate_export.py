@@ -14,6 +14,7 @@ import torch
 
 from flows.cli import main
 from tests.integration.conftest import tiny_overrides
+from workers.checkpoint import checkpoint_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
@@ -46,7 +47,7 @@ def _check_export(run_dir: Path, out: Path) -> None:
 
     assert main(["export", str(run_dir), "--step", "1", str(out)]) == 0
     model = AutoModelForCausalLM.from_pretrained(out)
-    saved = read_safetensors_folder(run_dir / "checkpoints" / "step_000001" / "policy")
+    saved = read_safetensors_folder(run_dir / "checkpoints" / checkpoint_name(1) / "policy")
     got = model.state_dict()
     for k, v in saved.items():
         assert torch.equal(got[k], v), k
@@ -107,7 +108,7 @@ def test_export_evaluate_and_node_run_after_one_iteration(prefect_api, ray_clust
         "placement.pools.main.cpus_per_worker": "0.5", "placement.pools.reward.cpus_per_worker": "0.25"})
     summary = train(overrides=ov)
     run_dir = Path(summary["run_dir"])
-    assert Path(summary["checkpoint"]).name == "step_000001"
+    assert Path(summary["checkpoint"]).name == checkpoint_name(1)
     _release_run_pools("tiny-evx", load_config(run_dir / "config.yaml"))
 
     _check_export(run_dir, tmp_path / "exported")

@@ -64,7 +64,7 @@ def test_example_trains_one_iteration(prefect_api, ray_cluster, task_files, tmp_
     ov = tiny_overrides(str(tmp_path / "runs"), task_files[task], task_files[task], **{
         "trainer.run_id": example.removesuffix(".yaml").replace("_", "-"),
         "trainer.total_iterations": "1",
-        "data.prompts_per_step": "2",
+        "data.prompts_per_iteration": "2",
         "rollout.samples_per_prompt": "2",
         "rollout.max_response_tokens": "8",
     })

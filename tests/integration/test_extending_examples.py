@@ -33,7 +33,7 @@ def _train_one_iteration(tmp_path, arith_files, run_id: str, **extra: str) -> Pa
         "trainer.total_iterations": "1",
         "trainer.dataflow": f"{EXTENDING}.combined:build_dataflow",
         "reward.function": f"{Path(__file__).parent / 'extending' / 'varied_reward.py'}:compute_score",
-        "data.prompts_per_step": str(PROMPTS),
+        "data.prompts_per_iteration": str(PROMPTS),
         **extra,
     })
     assert train(overrides=ov)["iterations"] == 1

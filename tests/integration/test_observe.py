@@ -164,7 +164,7 @@ def test_automation_pauses_the_deployment_when_a_run_stops_on_nan(cli_run, monke
     from prefect.client.orchestration import get_client
 
     from flows.artifacts import PrefectReporter
-    from flows.cli_deploy import deploy_automations
+    from flows.cli.deploy import deploy_automations
 
     deploy_automations(cli_run["api"], ROOT / "deployments" / "automations.yaml")
     with get_client(sync_client=True) as client:

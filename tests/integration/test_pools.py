@@ -17,7 +17,7 @@ def _pool(name: str, workers: int, namespace: str):
 
     cfg = tiny_cfg(
         f"placement.pools.main.workers={workers}", "placement.pools.main.cpus_per_worker=0.5",
-        "data.prompts_per_step=4", "actor.mini_batch_trajectories=8",
+        "data.prompts_per_iteration=4", "actor.mini_batch_trajectories=8",
         "placement.pools.main.roles=[policy]", "placement.pools.reward.cpus_per_worker=0.25",
         "placement.pools.main.strategy=ddp", "trainer.device=cpu",
     )

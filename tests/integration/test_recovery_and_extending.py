@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.integration.conftest import tiny_overrides
+from workers.checkpoint import checkpoint_name
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ FAULTS = {"trainer.dataflow": "tests.integration.fault_plugins:build_dataflow",
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    folder = run_dir / "checkpoints" / "step_000002" / "policy"
+    folder = run_dir / "checkpoints" / checkpoint_name(2) / "policy"
     return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
@@ -65,7 +66,7 @@ def test_node_level_recovery_retry_and_resume(prefect_api, ray_cluster, arith_fi
     ov, run_c, _ = _run(tmp_path, arith_files, "C", fail_plan={"iteration": 2, "failures": 2})
     with pytest.raises(Exception, match="injected failure"):
         train(overrides=ov)
-    assert _counts(run_c, 2)["rollout"] == 1 and not (run_c / "checkpoints" / "step_000002").exists()
+    assert _counts(run_c, 2)["rollout"] == 1 and not (run_c / "checkpoints" / checkpoint_name(2)).exists()
     train(overrides=ov, resume=str(run_c))
     c = _counts(run_c, 2)
     assert (c["rollout"], c["reward"], c["gate"], c["advantage"], c["update_policy"]) == (1, 1, 3, 1, 1)

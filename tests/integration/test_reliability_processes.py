@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,10 +24,12 @@ import psutil
 import pytest
 
 from tests.integration.conftest import tiny_overrides
+from tests.train_process import start_train, train_env
+from workers import checkpoint as C
+from workers.checkpoint import checkpoint_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 FAILING_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -50,10 +51,7 @@ def data(tmp_path_factory):
 
 def _cli(args: list[str], out: Path, err: Path) -> subprocess.Popen:
     """The CLI in a session of its own, with no Prefect API set: it starts its own server and Ray."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "RAY_ADDRESS"))}
-    env.update(PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=str(REPO), env=env,
-                            stdout=open(out, "wb"), stderr=open(err, "wb"), start_new_session=True)
+    return start_train(args, log=out, err_log=err, env=train_env(drop=("PREFECT_API_URL", "RAY_ADDRESS")))
 
 
 def _tree(root: psutil.Process) -> dict[int, tuple[float, str]]:
@@ -155,4 +153,4 @@ def test_reward_failing_on_every_row_stops_the_run_in_one_line(tmp_path, data):
     records = [json.loads(x) for x in (runs / "failing" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [1, 2]  # the stopping iteration is logged, nothing after
     assert [r["metrics"]["reward/errors"] for r in records] == [4.0, 4.0]  # 2 prompts x 2 samples, all failed
-    assert sorted(p.name for p in (runs / "failing" / "checkpoints").glob("step_*")) == ["step_000001"]
+    assert sorted(p.name for p in (runs / "failing" / "checkpoints").glob(f"{C.CHECKPOINT_PREFIX}*")) == [checkpoint_name(1)]

@@ -27,7 +27,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -36,10 +35,12 @@ import pytest
 import torch
 
 from tests.integration.conftest import tiny_overrides
+from tests.train_process import kill_group, start_train
+from workers import checkpoint as C
+from workers.checkpoint import checkpoint_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 4
 VARIED_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -162,7 +163,7 @@ def assert_versions_step_by_one(run_dir: Path) -> None:
     ledger = read_jsonl(run_dir / "updates_policy.jsonl")
     assert [(e["version_before"], e["iteration"]) for e in ledger] == [(0, 1), (1, 2), (2, 3), (3, 4)]
     for step in (3, 4):
-        state = json.loads((run_dir / "checkpoints" / f"step_{step:06d}" / "trainer_state.json").read_text())
+        state = json.loads((run_dir / "checkpoints" / checkpoint_name(step) / "trainer_state.json").read_text())
         assert state["policy_version"] == step
 
 
@@ -226,7 +227,7 @@ def test_worker_death_during_rollout_and_update(prefect_api, ray_cluster, runs, 
     assert [k["pid"] for k in killer.kills] == [s["pid"] for s in starts[:2]]
     assert len(starts) == 3 and len({s["pid"] for s in starts}) == 3, starts
     assert [s["restored_from"] for s in starts[:2]] == [None, None]
-    assert starts[2]["restored_from"].endswith("checkpoints/step_000003")
+    assert starts[2]["restored_from"].endswith(f"checkpoints/{checkpoint_name(3)}")
     assert summary["iterations"] == ITERATIONS
     # the killed nodes ran again (Prefect task retries); nothing else did
     log = executions(run_dir)
@@ -234,24 +235,13 @@ def test_worker_death_during_rollout_and_update(prefect_api, ray_cluster, runs, 
     assert log.count((2, "update_policy")) == 1 and log.count((4, "rollout")) == 1
     assert_versions_step_by_one(run_dir)
     assert comparable_metrics(run_dir) == comparable_metrics(reference)
-    assert_same_weights(policy_weights(run_dir / "checkpoints" / "step_000004"),
-                        policy_weights(reference / "checkpoints" / "step_000004"))
+    assert_same_weights(policy_weights(run_dir / "checkpoints" / checkpoint_name(4)),
+                        policy_weights(reference / "checkpoints" / checkpoint_name(4)))
 
 
 # ---- D: driver death -------------------------------------------------------------------------------
 def _cli(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=str(REPO), env=env,
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group this test created (the CLI and whatever it started in it)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
+    return start_train(args, log=log)
 
 
 def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, reference, tmp_path):
@@ -274,9 +264,9 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
             time.sleep(0.05)
         assert second and all(p.poll() is not None for p in second), "the refused starts outlived the run"
     finally:
-        _kill_group(first)
+        kill_group(first)
         for p in second:
-            _kill_group(p)
+            kill_group(p)
     # one run owns its folder: both were refused in one line, before starting any server
     for p, log in zip(second, ("second.log", "again.log"), strict=True):
         out = (tmp_path / log).read_text().strip()
@@ -288,8 +278,8 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
     cut = comparable_metrics(run_dir)
     assert sorted(cut) == [1, 2, 3]
     assert cut == {i: comparable_metrics(reference)[i] for i in (1, 2, 3)}
-    assert_same_weights(policy_weights(run_dir / "checkpoints" / "step_000003"),
-                        policy_weights(reference / "checkpoints" / "step_000003"))
+    assert_same_weights(policy_weights(run_dir / "checkpoints" / checkpoint_name(3)),
+                        policy_weights(reference / "checkpoints" / checkpoint_name(3)))
     # the killed driver's pools die with it (Ray kills a dead job's actors): nothing leaks
     deadline = time.monotonic() + 120
     while True:
@@ -304,7 +294,7 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
     try:
         assert resumed.wait(timeout=1200) == 0, (tmp_path / "resume.log").read_text()[-3000:]
     finally:
-        _kill_group(resumed)
+        kill_group(resumed)
     after = [(e["iteration"], e["node"]) for e in read_jsonl(run_dir / "execution_log.jsonl") if e["t"] > killed_at]
     # from the last checkpoint (iteration 3) plus iteration 4's completed nodes: rollout and reward
     # come from the node cache; advantage only if it had not finished; the update always
@@ -313,15 +303,15 @@ def test_driver_death_then_resume(prefect_api, ray_cluster, runs, data, referenc
     assert {i for i, _ in after} == {ITERATIONS}
     assert_versions_step_by_one(run_dir)
     assert comparable_metrics(run_dir) == comparable_metrics(reference)
-    assert_same_weights(policy_weights(run_dir / "checkpoints" / "step_000004"),
-                        policy_weights(reference / "checkpoints" / "step_000004"))
+    assert_same_weights(policy_weights(run_dir / "checkpoints" / checkpoint_name(4)),
+                        policy_weights(reference / "checkpoints" / checkpoint_name(4)))
     # and the weights moved at all (a run that never updated would also "match")
     from hybridflow.config import load_config
     from hybridflow.models import load_causal_lm
 
     cfg = load_config(None, cfg_args)
     initial = load_causal_lm(cfg.model, seed=cfg.trainer.seed).state_dict()
-    final = policy_weights(run_dir / "checkpoints" / "step_000004")
+    final = policy_weights(run_dir / "checkpoints" / checkpoint_name(4))
     assert any(not torch.equal(final[k], initial[k]) for k in final)
 
 
@@ -366,13 +356,13 @@ def test_reward_and_numerical_faults(prefect_api, ray_cluster, runs, data, tmp_p
     assert [m[i]["actor/weights_version"] for i in (1, 2, 3, 4)] == [0.0, 1.0, 1.0, 1.0]
     assert [m[i]["actor/bad_updates_in_a_row"] for i in (1, 2, 3, 4)] == [1.0, 0.0, 1.0, 2.0]
     ckpt = run_dir / "checkpoints"
-    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_000001", "step_000002", "step_000003"]
-    versions = [json.loads((ckpt / f"step_{i:06d}" / "trainer_state.json").read_text())["policy_version"]
+    assert sorted(p.name for p in ckpt.glob(f"{C.CHECKPOINT_PREFIX}*")) == [checkpoint_name(1), checkpoint_name(2), checkpoint_name(3)]
+    versions = [json.loads((ckpt / checkpoint_name(i) / "trainer_state.json").read_text())["policy_version"]
                 for i in (1, 2, 3)]
     assert versions == [0, 1, 1]
     cfg = load_config(None, ov)
     initial = {k: v for k, v in load_causal_lm(cfg.model, seed=cfg.trainer.seed).state_dict().items()}
-    w1, w2, w3 = (policy_weights(ckpt / f"step_{i:06d}") for i in (1, 2, 3))
+    w1, w2, w3 = (policy_weights(ckpt / checkpoint_name(i)) for i in (1, 2, 3))
     assert_same_weights(w1, {k: initial[k] for k in w1})  # skipped: untouched
     assert any(not torch.equal(w2[k], w1[k]) for k in w1)  # applied: moved
     assert_same_weights(w3, w2)  # skipped: untouched

@@ -38,7 +38,7 @@ def test_one_iteration_scores_math_dapo_and_code_rows(prefect_api, ray_cluster, 
     from flows.train import train
 
     ov = tiny_overrides(str(tmp_path / "runs"), verl_file, verl_file, **{
-        "trainer.run_id": "verl-sources", "trainer.total_iterations": "1", "data.prompts_per_step": "4",
+        "trainer.run_id": "verl-sources", "trainer.total_iterations": "1", "data.prompts_per_iteration": "4",
         "rollout.max_response_tokens": "8", "reward.code_case_timeout_s": "5", "reward.timeout_s": "30",
     })  # fmt: skip
     summary = train(overrides=ov)

@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import tiny_overrides
+from workers.checkpoint import checkpoint_name
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +201,7 @@ def deployed_run(prefect_api, mlflow_server, arith_files, tmp_path_factory):
     from prefect.states import Scheduled
 
     from flows.cli import build_parser
-    from flows.cli_deploy import run as deploy
+    from flows.cli.deploy import run as deploy
 
     tmp = tmp_path_factory.mktemp("deployed")
     run_dir = tmp / "runs" / RUN_ID
@@ -268,7 +269,7 @@ def test_worker_runs_the_deployment_run_then_the_retry_completes(deployed_run):
     assert deployed_run["second_rc"] == 0, _worker_logs(deployed_run)
     summary = json.loads((deployed_run["run_dir"] / "summary.json").read_text())
     assert summary["iterations"] == 2
-    assert Path(summary["checkpoint"]).name == "step_000002"
+    assert Path(summary["checkpoint"]).name == checkpoint_name(2)
     assert summary["prefect_flow_run_id"] == str(deployed_run["flow_run_id"])
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import tiny_overrides
+from workers.checkpoint import checkpoint_name
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +24,7 @@ def test_train_two_iterations(prefect_api, ray_cluster, arith_files, tmp_path):
     summary = train(overrides=ov)
     run_dir = Path(summary["run_dir"])
     assert summary["iterations"] == 2
-    assert Path(summary["checkpoint"]).name == "step_000002"
+    assert Path(summary["checkpoint"]).name == checkpoint_name(2)
     nodes = [(e["iteration"], e["node"]) for e in read_execution_log(str(run_dir))]
     for it in (1, 2):
         for node in ("rollout", "reward", "advantage", "update_policy"):

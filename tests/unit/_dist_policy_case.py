@@ -11,7 +11,7 @@ from workers import checkpoint as C
 from workers import distributed as D
 from workers.policy import PolicyWorker
 
-SIZES = ["data.prompts_per_step=3", "actor.mini_batch_trajectories=6", "critic.mini_batch_trajectories=6"]
+SIZES = ["data.prompts_per_iteration=3", "actor.mini_batch_trajectories=6", "critic.mini_batch_trajectories=6"]
 
 
 def cfg_for(strategy: str, *extra: str):
@@ -20,7 +20,7 @@ def cfg_for(strategy: str, *extra: str):
 
 def critic_batch(batch: Batch) -> Batch:
     """The rollout batch with old values 0 and returns 1 on the response (a fixed critic target)."""
-    out = Batch(batch.tensors.clone(recurse=False), dict(batch.non_tensors), dict(batch.meta))
+    out = batch.shallow_copy()
     mask = batch["response_mask"]
     out.set("values", torch.zeros(mask.shape))
     out.set("returns", mask.float())

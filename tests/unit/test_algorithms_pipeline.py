@@ -147,3 +147,20 @@ def test_filter_zero_variance_groups():
     torch.testing.assert_close(kept["token_level_scores"], batch["token_level_scores"][:2])
     none, dropped = filter_zero_variance_groups(batch.index([2, 3]))
     assert len(none) == 0 and dropped == 1
+
+
+def test_an_estimator_gets_only_the_inputs_it_declares():
+    seen = {}
+
+    @A.register_advantage_estimator("test_pipeline_declares_gamma")
+    def discounted_probe(token_level_rewards, response_mask, *, gamma):
+        seen["gamma"] = gamma  # no uid / values / lam / norm_by_std parameter: none is passed
+        z = torch.zeros_like(token_level_rewards)
+        return z, z.clone()
+
+    batch = scored_batch([1.0, 0.0], [4, 4], ["u", "v"], values=torch.ones(2, 4))
+    compute_advantages(batch, cfg_with(algorithm={"adv_estimator": "test_pipeline_declares_gamma", "gamma": 0.7}))
+    assert seen == {"gamma": 0.7}
+    from hybridflow.algorithms.registry import declared_inputs
+
+    assert declared_inputs(discounted_probe, {"gamma": 0.7, "uid": ["u"]}) == {"gamma": 0.7}

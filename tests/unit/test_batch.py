@@ -149,3 +149,15 @@ def test_trim_padding_leaves_what_it_cannot_trim_safely():
     assert empty["prompt_ids"].shape == (2, 1) and empty["response_ids"].shape == (2, 1)
     assert empty["position_ids"].shape == (2, 2)
     assert _batch().trim_padding()["prompt_ids"].shape[1] == 4  # no all-pad prompt column
+
+
+def test_shallow_copy_shares_values_not_containers():
+    b = _batch()
+    b.meta["weights_version"] = 2
+    c = b.shallow_copy()
+    c.set("advantages", torch.zeros(len(b), 6))
+    c.set("finish_reason", ["length"] * len(b))
+    c.meta["weights_version"] = 3
+    assert "advantages" not in b and b["finish_reason"] == ["stop"] * len(b) and b.meta["weights_version"] == 2
+    assert c["old_log_probs"] is b["old_log_probs"]  # the tensors themselves are not copied
+    assert c["uid"] is b["uid"]

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from bench import common
-from flows import cli_bench
+from flows.cli import bench as cli_bench
 
 
 def test_stats_min_median_max():

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import cli_deploy
+from flows import deployments
 from flows.cli import build_parser
+from flows.cli import deploy as cli_deploy
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_YAML = ROOT / "deployments" / "prefect.yaml"
@@ -70,14 +71,14 @@ def test_missing_entrypoint_file_is_reported_before_any_server_call(tmp_path, ca
 
 def test_api_url_prefers_the_flag_then_the_environment(monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", "http://env:4200/api/")
-    assert cli_deploy.resolve_api_url(None) == "http://env:4200/api"  # trailing slash dropped
-    assert cli_deploy.resolve_api_url("http://flag:1/api") == "http://flag:1/api"
+    assert deployments.resolve_api_url(None) == "http://env:4200/api"  # trailing slash dropped
+    assert deployments.resolve_api_url("http://flag:1/api") == "http://flag:1/api"
 
 
 def test_retarget_to_a_process_pool_only_renames_it():
-    spec = cli_deploy.load_prefect_yaml(PREFECT_YAML)
+    spec = deployments.load_prefect_yaml(PREFECT_YAML)
     before = yaml.safe_dump(spec)
-    out = cli_deploy.retarget(spec, "other-pool", "process")
+    out = deployments.retarget(spec, "other-pool", "process")
     assert yaml.safe_dump(spec) == before  # the input is not modified (its pools are shared YAML aliases)
     for dep in out["deployments"]:
         assert dep["work_pool"] == {"name": "other-pool", "job_variables": {}}
@@ -85,16 +86,16 @@ def test_retarget_to_a_process_pool_only_renames_it():
 
 
 def test_retarget_to_kubernetes_takes_job_variables_and_pull_steps():
-    spec = cli_deploy.load_prefect_yaml(PREFECT_YAML)
+    spec = deployments.load_prefect_yaml(PREFECT_YAML)
     k8s = spec["definitions"]["work_pools"]["kubernetes"]
-    out = cli_deploy.retarget(spec, "my-k8s", "kubernetes")
+    out = deployments.retarget(spec, "my-k8s", "kubernetes")
     for dep in out["deployments"]:
         assert dep["work_pool"]["name"] == "my-k8s"
         assert dep["work_pool"]["job_variables"] == k8s["job_variables"]
         assert dep["work_pool"]["job_variables"] is not k8s["job_variables"]
         assert dep["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "/app"}}]
     # the rewritten file is plain YAML (no anchors) that loads back to the same mapping
-    text = cli_deploy._dump_yaml(out)
+    text = deployments.dump_yaml(out)
     assert not re.search(r"[&*]id\d{3}", text)  # PyYAML names its anchors id001, id002, ...
     assert yaml.safe_load(text) == out
 
@@ -108,7 +109,7 @@ def test_created_deployments_are_read_from_prefects_output():
         "│ Deployment 'evaluate/evaluate-nightly' successfully created with id "
         "'ba3062cb-1afe-46cb-832e-a4bdbf69ba26'.  │\n"
     )
-    found = [m.groups() for m in cli_deploy._CREATED_RE.finditer(out)]
+    found = [m.groups() for m in deployments._CREATED_RE.finditer(out)]
     assert found == [
         ("train", "train", "0416d105-0129-4a1b-bf8b-821d4810fcdf"),
         ("evaluate", "evaluate-nightly", "ba3062cb-1afe-46cb-832e-a4bdbf69ba26"),
@@ -125,8 +126,8 @@ def test_describe_deployment_summarises_pool_and_schedules(monkeypatch):
             {"schedule": {"interval": 21600.0, "timezone": "UTC"}, "active": False},
         ],
     }
-    monkeypatch.setattr(cli_deploy, "_get_json", lambda url, timeout_s: api_answer)
-    line = cli_deploy.describe_deployment("http://x/api", "train", "t", "id-1", 1.0)
+    monkeypatch.setattr(deployments, "_get_json", lambda url, timeout_s: api_answer)
+    line = deployments.describe_deployment("http://x/api", "train", "t", "id-1", 1.0)
     assert line == (
         "registered train/t  id=id-1  pool=hybridflow-process  entrypoint=flows/train.py:train  "
         "schedules=cron '0 2 * * *'; every 21600.0 s (paused)"
@@ -138,7 +139,7 @@ def test_module_imports_no_heavy_library():
     import sys
 
     code = (
-        "import sys, flows.cli_deploy; "
+        "import sys, flows.cli.deploy, flows.deployments; "
         "heavy = {'prefect', 'ray', 'torch', 'mlflow'} & {m.split('.')[0] for m in sys.modules}; "
         "print(sorted(heavy))"
     )
@@ -159,5 +160,5 @@ def test_add_arguments_defaults():
     "names,expected", [([], ["train", "evaluate-nightly", "continue-training"]), (["train"], ["train"])]
 )
 def test_select_deployments(names, expected):
-    spec = cli_deploy.load_prefect_yaml(PREFECT_YAML)
-    assert cli_deploy.select_deployments(spec, names) == expected
+    spec = deployments.load_prefect_yaml(PREFECT_YAML)
+    assert deployments.select_deployments(spec, names) == expected

@@ -7,6 +7,7 @@ import pytest
 
 from flows.cli import main
 from tests.unit.test_cli_export import _fake_run
+from workers.checkpoint import checkpoint_name
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +41,7 @@ def data_file(tmp_path_factory):
     (["--model", "tiny"], "no evaluation data: pass data_files"),
     (["--model", "tiny", "--data", "/no/such.parquet"], "evaluation data file '/no/such.parquet' does not exist"),
     (["--model", "tiny", "--step", "2"], "--step applies to a run directory"),
+    (["--model", "/no/such/model", "--step", "2"], "model path '/no/such/model' does not exist"),  # not --step's fault
     (["--model", "tiny", "-c", "/no/such.yaml"], "file '/no/such.yaml' does not exist"),
     (["--model", "tiny", "rollout.temperature=-1"], "rollout.temperature"),
 ])
@@ -54,7 +56,7 @@ def test_eval_missing_step_of_a_run_lists_the_steps(fake_run, capsys):
 
 
 def test_eval_run_with_a_config_file_uses_that_config(fake_run, data_file, tmp_path):
-    from flows.cli_eval import plan_evaluation
+    from flows.eval_plan import plan_evaluation
 
     (tmp_path / "c.yaml").write_text("rollout:\n  max_response_tokens: 7\n")
     target, cfg = plan_evaluation(run_dir=str(fake_run), config_path=str(tmp_path / "c.yaml"), data_files=[data_file])
@@ -64,21 +66,21 @@ def test_eval_run_with_a_config_file_uses_that_config(fake_run, data_file, tmp_p
 
 
 def test_eval_step_of_a_checkpoint_folder_is_refused(fake_run, capsys):
-    assert main(["eval", "--model", str(fake_run / "checkpoints" / "step_000001"), "--step", "1"]) == 2
+    assert main(["eval", "--model", str(fake_run / "checkpoints" / checkpoint_name(1)), "--step", "1"]) == 2
     assert "already one checkpoint" in capsys.readouterr().err
 
 
 def test_flow_kwargs_for_run_dir_checkpoint_folder_and_model(fake_run, data_file):
     from flows.cli import build_parser
-    from flows.cli_eval import flow_kwargs
+    from flows.cli.eval import flow_kwargs
 
     def kw(*argv):
         return flow_kwargs(build_parser().parse_args(["eval", *argv]))
 
     assert kw("--model", str(fake_run))["run_dir"] == str(fake_run)
     assert kw("--model", str(fake_run))["checkpoint"] == "latest"
-    folder = kw("--model", str(fake_run / "checkpoints" / "step_000001"))
-    assert (folder["run_dir"], folder["checkpoint"]) == (str(fake_run), "step_000001")
+    folder = kw("--model", str(fake_run / "checkpoints" / checkpoint_name(1)))
+    assert (folder["run_dir"], folder["checkpoint"]) == (str(fake_run), checkpoint_name(1))
     latest = kw("--model", str(fake_run / "checkpoints" / "latest"))  # the pointer file
     assert (latest["run_dir"], latest["checkpoint"]) == (str(fake_run), "latest")
     ckpts = kw("--model", str(fake_run / "checkpoints"), "--step", "1")
@@ -90,13 +92,13 @@ def test_flow_kwargs_for_run_dir_checkpoint_folder_and_model(fake_run, data_file
 
 
 def test_plan_of_a_checkpoint_uses_its_policy_folder_and_only_policy_and_reward(fake_run, data_file):
-    from flows.cli_eval import plan_evaluation
+    from flows.eval_plan import plan_evaluation
 
     target, cfg = plan_evaluation(run_dir=str(fake_run), checkpoint="1", data_files=[data_file],
                                   overrides=["algorithm.adv_estimator=gae"], samples_per_prompt=3, temperature=0.7,
                                   max_prompts=2)
     assert target.step == 1 and target.label == "run-a@step1"
-    assert target.model_path == str((fake_run / "checkpoints" / "step_000001" / "policy").resolve())
+    assert target.model_path == str((fake_run / "checkpoints" / checkpoint_name(1) / "policy").resolve())
     assert cfg.model.path == target.model_path and cfg.model.tokenizer_path is None
     assert cfg.data.val_files == [data_file] and cfg.data.val_max_prompts == 2
     assert (cfg.rollout.val_samples_per_prompt, cfg.rollout.val_temperature) == (3, 0.7)
@@ -108,7 +110,7 @@ def test_plan_of_a_checkpoint_uses_its_policy_folder_and_only_policy_and_reward(
 
 
 def test_plan_of_a_model_and_both_at_once(fake_run, data_file):
-    from flows.cli_eval import plan_evaluation
+    from flows.eval_plan import plan_evaluation
 
     target, cfg = plan_evaluation(model="tiny", data_files=[data_file])
     assert (target.label, cfg.model.path, target.step) == ("tiny", "tiny", None)
@@ -121,7 +123,7 @@ def test_planning_imports_no_prefect(data_file):
     import subprocess
     import sys
 
-    code = ("import sys; from flows.cli_eval import plan_evaluation; "
+    code = ("import sys; from flows.eval_plan import plan_evaluation; "
             f"plan_evaluation(model='tiny', data_files=[{data_file!r}]); "
             "assert 'prefect' not in sys.modules, 'prefect imported while planning'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -78,7 +78,7 @@ def test_export_missing_step_lists_the_steps_that_exist(fake_run, tmp_path, caps
 def test_export_bad_step_is_an_argument_error(fake_run, tmp_path, capsys, step):
     run, _ = fake_run
     assert main(["export", str(run), "--step", step, str(tmp_path / "x")]) == 2
-    assert "expected a number, step_<N> or 'latest'" in capsys.readouterr().err
+    assert "expected a number, iter_<N>, step_<N> or 'latest'" in capsys.readouterr().err
 
 
 def test_export_not_a_run_dir(tmp_path, capsys):

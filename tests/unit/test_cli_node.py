@@ -39,7 +39,7 @@ def run_dir(tmp_path) -> Path:
 
     run = tmp_path / "run-n"
     run.mkdir()
-    cfg = load_config(None, ["model.path=tiny", "algorithm.adv_estimator=grpo", "data.prompts_per_step=2",
+    cfg = load_config(None, ["model.path=tiny", "algorithm.adv_estimator=grpo", "data.prompts_per_iteration=2",
                              "rollout.samples_per_prompt=2", "actor.mini_batch_trajectories=4",
                              "critic.mini_batch_trajectories=4", "rollout.max_response_tokens=3"])
     (run / "config.yaml").write_text(dump_config(cfg))

@@ -29,8 +29,8 @@ def train(**kw):
     Path(str(marker) + ".started").write_text("")
     time.sleep(60)
 flows.train.train = train
-import flows.cli_train
-flows.cli_train._preflight = lambda cfg, resume: None
+import flows.cli.train
+flows.cli.train._preflight = lambda cfg, resume: None
 from flows.cli import main
 sys.exit(main(["train", "model.path=tiny", f"trainer.run_dir={marker.parent}"]))
 """

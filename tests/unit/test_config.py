@@ -9,7 +9,7 @@ from hybridflow.config import ConfigError, flatten_config, load_config, parse_ov
 
 def test_defaults_validate():
     cfg = load_config()
-    assert cfg.trajectories_per_step == cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt
+    assert cfg.trajectories_per_iteration == cfg.data.prompts_per_iteration * cfg.rollout.samples_per_prompt
     assert cfg.needs_critic is False
 
 
@@ -81,8 +81,22 @@ def test_cli_config_show_and_errors():
 
 
 def test_critic_batch_sizes_checked_only_with_a_critic():
-    ov = ["data.prompts_per_step=2", "rollout.samples_per_prompt=2", "actor.mini_batch_trajectories=4",
+    ov = ["data.prompts_per_iteration=2", "rollout.samples_per_prompt=2", "actor.mini_batch_trajectories=4",
           "actor.micro_batch_trajectories=2"]
     assert load_config(None, ov).critic.mini_batch_trajectories == 16  # GRPO: no critic, not checked
     with pytest.raises(ConfigError, match="critic.mini_batch_trajectories=16"):
         load_config(None, ov + ["algorithm.adv_estimator=gae"])
+
+
+def test_prompts_per_step_is_a_deprecated_alias_of_prompts_per_iteration(tmp_path, caplog):
+    old = tmp_path / "old.yaml"
+    old.write_text("data:\n  prompts_per_step: 3\nrollout:\n  samples_per_prompt: 2\nactor:\n  mini_batch_trajectories: 6\n  micro_batch_trajectories: 2\n")
+    with pytest.warns(DeprecationWarning, match="data.prompts_per_step is deprecated; use data.prompts_per_iteration"):
+        cfg = load_config(old)
+    assert "use data.prompts_per_iteration" in caplog.text  # logged too: DeprecationWarnings are hidden by default
+    assert cfg.data.prompts_per_iteration == 3 and cfg.data.prompts_per_step == 3
+    assert cfg.trajectories_per_iteration == 6 == cfg.trajectories_per_step
+    assert "prompts_per_step" not in cfg.model_dump()["data"]  # what a run saves uses the new name
+    assert load_config(old, ["data.prompts_per_step=6"]).data.prompts_per_iteration == 6  # an old override too
+    with pytest.raises(ConfigError, match="data.prompts_per_step and data.prompts_per_iteration are both set"):
+        load_config(old, ["data.prompts_per_iteration=3"])

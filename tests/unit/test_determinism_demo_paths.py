@@ -45,7 +45,7 @@ def smollm2_shaped(cfg, device):
 
 WP.build_policy_module = smollm2_shaped
 R = 16
-cfg = tiny_cfg("data.prompts_per_step=2", "rollout.samples_per_prompt=8", f"rollout.max_response_tokens={R}",
+cfg = tiny_cfg("data.prompts_per_iteration=2", "rollout.samples_per_prompt=8", f"rollout.max_response_tokens={R}",
                "rollout.temperature=0.7", "actor.mini_batch_trajectories=16", "actor.micro_batch_trajectories=8",
                "actor.lr=1e-5")
 w = WP.PolicyWorker(cfg)

@@ -31,7 +31,7 @@ def test_batch_mean_baseline_by_hand():
     # scores over the mask: row 0: 0 + 1 = 1; row 1: 0 (the 5 is outside the mask); row 2: 2 → mean 1
     rewards = torch.tensor([[0.0, 1.0], [0.0, 5.0], [2.0, 0.0]])
     mask = torch.tensor([[True, True], [True, False], [True, False]])
-    advantages, returns = estimator.batch_mean_baseline(rewards, mask, uid=["a", "a", "b"], gamma=1.0)
+    advantages, returns = estimator.batch_mean_baseline(rewards, mask)
     expected = torch.tensor([[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0]])  # A = (1−1, 0−1, 2−1) on the mask
     torch.testing.assert_close(advantages, expected)
     torch.testing.assert_close(returns, expected)

@@ -22,13 +22,7 @@ from hybridflow.models import (
 )
 from hybridflow.models.fsutil import atomic_directory
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def logits_of(model, ids):

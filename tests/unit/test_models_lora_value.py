@@ -19,13 +19,7 @@ from hybridflow.models import (
 )
 from workers.rollout.hf import HFRolloutEngine
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 IDS = torch.tensor([[1, 40, 41, 42, 2, 50], [1, 60, 61, 62, 63, 64]])

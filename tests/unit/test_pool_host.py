@@ -8,7 +8,7 @@ import os
 import torch
 
 from tests.unit._worker_helpers import tiny_cfg
-from workers.checkpoint import begin_save, commit_save
+from workers.checkpoint import begin_save, checkpoint_name, commit_save
 from workers.pool import WorkerHost, read_pool_events
 
 
@@ -36,7 +36,7 @@ def test_each_start_is_recorded_with_what_it_restored(tmp_path):
     assert [(e["event"], e["pool"], e["rank"]) for e in events] == [("started", "main", 0)] * 2
     assert [e["pid"] for e in events] == [os.getpid()] * 2
     assert events[0]["restored_from"] is None
-    assert events[1]["restored_from"] == str(run_dir / "checkpoints" / "step_000003")
+    assert events[1]["restored_from"] == str(run_dir / "checkpoints" / checkpoint_name(3))
     assert second.restored_from == events[1]["restored_from"]
     a, b = first.workers["policy"].module.state_dict(), second.workers["policy"].module.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # the restart serves the checkpoint's weights

@@ -57,7 +57,7 @@ def run_with_two_steps(tmp_path, good_data):  # noqa: F811
 
 # ---- the manifest -------------------------------------------------------------------------------
 def test_manifest_is_written_last_and_catches_every_kind_of_damage(run_with_two_steps):
-    step = run_with_two_steps / "checkpoints" / "step_000002"
+    step = run_with_two_steps / "checkpoints" / C.checkpoint_name(2)
     listed = json.loads((step / MANIFEST).read_text())["files"]
     assert {"trainer_state.json", "policy/model.safetensors", "policy/config.json"} <= set(listed)
     verify_checkpoint(step)
@@ -84,15 +84,15 @@ def test_manifest_is_written_last_and_catches_every_kind_of_damage(run_with_two_
 def test_resume_checkpoint_falls_back_or_refuses(run_with_two_steps):
     root = run_with_two_steps / "checkpoints"
     warnings: list[str] = []
-    assert choose_resume_checkpoint(root, fallback=True, warn=warnings.append) == str(root / "step_000002")
-    _truncate(root / "step_000002" / "policy" / "model.safetensors")
-    with pytest.raises(C.CheckpointError, match="step_000002 is damaged.*trainer.resume_fallback=false"):
+    assert choose_resume_checkpoint(root, fallback=True, warn=warnings.append) == str(root / C.checkpoint_name(2))
+    _truncate(root / C.checkpoint_name(2) / "policy" / "model.safetensors")
+    with pytest.raises(C.CheckpointError, match=f"{C.checkpoint_name(2)} is damaged.*trainer.resume_fallback=false"):
         choose_resume_checkpoint(root, fallback=False, warn=warnings.append)
-    assert (root / "latest").read_text() == "step_000002" and not warnings  # refusing changes nothing
-    assert choose_resume_checkpoint(root, fallback=True, warn=warnings.append) == str(root / "step_000001")
-    assert (root / "latest").read_text() == "step_000001" and (root / "step_000002.damaged").is_dir()
-    assert C.load_latest(root) == str(root / "step_000001")  # what the pools' workers restore
-    _truncate(root / "step_000001" / "policy" / "model.safetensors")
+    assert (root / "latest").read_text() == C.checkpoint_name(2) and not warnings  # refusing changes nothing
+    assert choose_resume_checkpoint(root, fallback=True, warn=warnings.append) == str(root / C.checkpoint_name(1))
+    assert (root / "latest").read_text() == C.checkpoint_name(1) and (root / f"{C.checkpoint_name(2)}.damaged").is_dir()
+    assert C.load_latest(root) == str(root / C.checkpoint_name(1))  # what the pools' workers restore
+    _truncate(root / C.checkpoint_name(1) / "policy" / "model.safetensors")
     with pytest.raises(C.CheckpointError, match="no older intact checkpoint"):
         choose_resume_checkpoint(root, fallback=True, warn=warnings.append)
 
@@ -100,36 +100,37 @@ def test_resume_checkpoint_falls_back_or_refuses(run_with_two_steps):
 # ---- through the CLI ----------------------------------------------------------------------------
 def test_resume_of_a_truncated_step_warns_and_falls_back_before_servers(run_with_two_steps, capsys, no_servers):  # noqa: F811
     root = run_with_two_steps / "checkpoints"
-    _truncate(root / "step_000002" / "policy" / "model.safetensors")
+    _truncate(root / C.checkpoint_name(2) / "policy" / "model.safetensors")
     code, err = run_cli(["train", "--resume", str(run_with_two_steps), "trainer.resume_fallback=false"], capsys)
     line = _one_line(err)
-    assert code == 2 and "step_000002 is damaged: policy/model.safetensors is" in line
-    assert (root / "latest").read_text() == "step_000002"
+    assert code == 2 and f"{C.checkpoint_name(2)} is damaged: policy/model.safetensors is" in line
+    assert (root / "latest").read_text() == C.checkpoint_name(2)
     with pytest.raises(AssertionError, match="a server was started"):  # the fallback goes on to the servers
         main(["train", "--resume", str(run_with_two_steps)])
     warning = _one_line(capsys.readouterr().err)
-    assert warning.startswith("warning: checkpoint ") and "step_000002 is damaged" in warning
-    assert "resuming from the newest intact checkpoint step_000001 (the damaged one is kept as step_000002.damaged)" in warning
-    assert (root / "latest").read_text() == "step_000001"
+    assert warning.startswith("warning: checkpoint ") and f"{C.checkpoint_name(2)} is damaged" in warning
+    assert (f"resuming from the newest intact checkpoint {C.checkpoint_name(1)} "
+            f"(the damaged one is kept as {C.checkpoint_name(2)}.damaged)") in warning
+    assert (root / "latest").read_text() == C.checkpoint_name(1)
 
 
 def test_export_of_a_damaged_step_leaves_nothing(run_with_two_steps, tmp_path, capsys):
-    _truncate(run_with_two_steps / "checkpoints" / "step_000002" / "policy" / "model.safetensors")
+    _truncate(run_with_two_steps / "checkpoints" / C.checkpoint_name(2) / "policy" / "model.safetensors")
     out = tmp_path / "exported"
     code, err = run_cli(["export", str(run_with_two_steps), "--step", "2", str(out)], capsys)
     line = _one_line(err)
-    assert code == 2 and "step_000002 is damaged: policy/model.safetensors is" in line and "steps saved: 1, 2" in line
+    assert code == 2 and f"{C.checkpoint_name(2)} is damaged: policy/model.safetensors is" in line and "steps saved: 1, 2" in line
     assert sorted(os.listdir(tmp_path)) == sorted({"runs", "train.jsonl"})  # no OUT_DIR, no temporary folder
     assert main(["export", str(run_with_two_steps), "--step", "1", str(out), "--no-load-check"]) == 0
 
 
 def test_export_that_fails_while_writing_leaves_nothing(run_with_two_steps, tmp_path, capsys, monkeypatch):
-    import flows.cli_export
+    import flows.export
 
     def disk_full(folder):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(flows.cli_export, "_ensure_generation_config", disk_full)
+    monkeypatch.setattr(flows.export, "_ensure_generation_config", disk_full)
     out = tmp_path / "exported"
     code, err = run_cli(["export", str(run_with_two_steps), str(out)], capsys)
     assert code == 1 and f"cannot write {out}: No space left on device; nothing was exported" in _one_line(err)
@@ -172,10 +173,10 @@ def test_disk_full_or_io_error_is_one_checkpoint_error(worker, tmp_path, monkeyp
     with pytest.raises(C.CheckpointError) as info:
         worker.save_checkpoint(tmp)
     message = str(info.value)
-    assert message.startswith("policy rank 0: cannot write checkpoint to ") and "step_000002.tmp" in message
+    assert message.startswith("policy rank 0: cannot write checkpoint to ") and f"{C.checkpoint_name(2)}.tmp" in message
     assert message.endswith(os.strerror(code)) and "\n" not in message and "IoError" not in message
     monkeypatch.undo()
-    assert C.load_latest(root) == first and (root / C.LATEST).read_text() == "step_000001"
+    assert C.load_latest(root) == first and (root / C.LATEST).read_text() == C.checkpoint_name(1)
     verify_checkpoint(first)
 
 
@@ -188,7 +189,7 @@ def test_a_real_write_failure_in_the_rust_writer_is_a_checkpoint_error(worker, t
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # this process may write files of 4 KiB
     try:
-        with pytest.raises(C.CheckpointError, match="cannot write checkpoint to .*step_000001.tmp.*File too large"):
+        with pytest.raises(C.CheckpointError, match=f"cannot write checkpoint to .*{C.checkpoint_name(1)}.tmp.*File too large"):
             worker.save_checkpoint(tmp)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
@@ -201,7 +202,7 @@ def test_cli_prints_a_checkpoint_error_from_a_ray_task_in_one_line(tmp_path, goo
     by Prefect from the checkpoint task: the CLI prints the worker's message in one line, exit 1."""
     from ray.exceptions import RayTaskError
 
-    import flows.cli_train
+    import flows.cli.train
 
     cause = C.CheckpointError("policy rank 0: cannot write checkpoint to /r/checkpoints/step_000002.tmp: "
                               "No space left on device")
@@ -213,7 +214,7 @@ def test_cli_prints_a_checkpoint_error_from_a_ray_task_in_one_line(tmp_path, goo
         except Exception as e:
             raise RuntimeError("Task run 'checkpoint-000002' failed") from e
 
-    monkeypatch.setattr(flows.cli_train, "_train_with_servers", failing_run)
+    monkeypatch.setattr(flows.cli.train, "_train_with_servers", failing_run)
     code, err = run_cli(args_for(tmp_path, good_data), capsys)
     assert code == 1
     assert _one_line(err) == f"error: {cause}"

@@ -39,7 +39,7 @@ def args_for(tmp_path: Path, train: Path | str, **extra: str) -> list[str]:
     base = {
         "model.path": "tiny",
         "data.train_files": f"[{train}]",
-        "data.prompts_per_step": "2",
+        "data.prompts_per_iteration": "2",
         "rollout.samples_per_prompt": "2",
         "actor.mini_batch_trajectories": "4",
         "actor.micro_batch_trajectories": "2",
@@ -118,12 +118,12 @@ def test_contradictory_batch_sizes(tmp_path, capsys, no_servers, good_data):
     assert code == 2
     # 2 prompts × 2 samples = 4 trajectories per step, not divisible into mini-batches of 3
     assert "actor.mini_batch_trajectories=3 must divide" in err and "= 4" in err
-    code, err = run_cli(args_for(tmp_path, good_data, **{"data.prompts_per_step": "8",
+    code, err = run_cli(args_for(tmp_path, good_data, **{"data.prompts_per_iteration": "8",
                                                          "actor.mini_batch_trajectories": "16",
                                                          "actor.micro_batch_trajectories": "4",
                                                          "critic.mini_batch_trajectories": "16"}), capsys)
     assert code == 2
-    assert "data.prompts_per_step=8 but data.train_files hold 6 usable prompts" in err
+    assert "data.prompts_per_iteration=8 but data.train_files hold 6 usable prompts" in err
 
 
 def test_model_path_that_does_not_exist(tmp_path, capsys, no_servers, good_data):

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _train_args(runs: Path, data: Path, **extra: str) -> list[str]:
-    base = {"model.path": "tiny", "data.train_files": f"[{data}]", "data.prompts_per_step": "2",
+    base = {"model.path": "tiny", "data.train_files": f"[{data}]", "data.prompts_per_iteration": "2",
             "rollout.samples_per_prompt": "2", "actor.mini_batch_trajectories": "4",
             "actor.micro_batch_trajectories": "2", "trainer.run_dir": str(runs), "trainer.device": "cpu",
             "tracking.mlflow_uri": f"sqlite:///{runs}/mlflow.db", **extra}

@@ -46,7 +46,7 @@ def test_override_on_resume_is_refused_without_override_flag(saved_run, capsys, 
 
 
 def test_override_on_resume_applies_and_is_recorded_with_override_flag(saved_run, capsys, monkeypatch):
-    import flows.cli_train
+    import flows.cli.train
 
     ran = {}
 
@@ -54,7 +54,7 @@ def test_override_on_resume_applies_and_is_recorded_with_override_flag(saved_run
         ran["cfg"], ran["resume"] = cfg, resume
         return 0
 
-    monkeypatch.setattr(flows.cli_train, "_train_with_servers", fake_train)
+    monkeypatch.setattr(flows.cli.train, "_train_with_servers", fake_train)
     assert main(["train", "--resume", str(saved_run), "--override", "actor.lr=0.5"]) == 0
     assert ran["cfg"].actor.lr == 0.5 and ran["resume"] == str(saved_run)
     assert load_config(saved_run / "config.yaml").actor.lr == 0.5  # a later resume continues with it

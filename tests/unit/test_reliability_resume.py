@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from flows.run_state import RunState, open_run
-from hybridflow.batch import BatchRef
 from hybridflow.config import load_config
 from hybridflow.data import write_rows
 from hybridflow.data.tasks import make_arith
@@ -24,7 +23,7 @@ def cfg(tmp_path):
     train = tmp_path / "train.jsonl"
     write_rows(make_arith(6, difficulty=0, seed=3), str(train))
     return load_config(None, [
-        "model.path=tiny", f"data.train_files=[{train}]", "data.prompts_per_step=2",
+        "model.path=tiny", f"data.train_files=[{train}]", "data.prompts_per_iteration=2",
         "rollout.samples_per_prompt=2", "actor.mini_batch_trajectories=4", "actor.micro_batch_trajectories=2",
         "critic.mini_batch_trajectories=4", "critic.micro_batch_trajectories=2",
         f"trainer.run_dir={tmp_path / 'runs'}", "trainer.total_epochs=2", "trainer.total_iterations=20",
@@ -40,7 +39,7 @@ def drive(state: RunState, stop_after: int | None = None) -> list[tuple[int, lis
         prompts = state.next_prompts(it)
         if prompts is None:
             break
-        steps.append((it, list(BatchRef.from_dict(prompts["ref"]).load()["uid"])))
+        steps.append((it, list(prompts.load()["uid"])))
         state.last_iteration = it
         if it == stop_after:
             root = f"{state.run_dir}/checkpoints"
@@ -85,21 +84,14 @@ def test_cli_resume_without_config_continues_the_saved_run(cfg, tmp_path):
     """``hybridflow train --resume DIR`` (no -c) runs DIR's saved config — not the defaults, whose
     trainer.total_iterations=10 would change the run’s length — and
     overrides may still extend it; a folder that is not a run is a clear error."""
-    import argparse
-
-    from flows.cli_train import _load
     from flows.preflight import PreflightError
+    from flows.resume_config import resume_target
 
     short = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"total_iterations": 4, "run_id": "r"})})
     state = open_run(short, resume=None)
-    args = argparse.Namespace(config=None, overrides=[], resume=state.run_dir)
-    got, target = _load(args)
+    got, target = resume_target(None, [], state.run_dir)
     assert target == state.run_dir and got.trainer.total_iterations == 4 and got.data == cfg.data
-    args.overrides = ["trainer.total_iterations=6"]
-    assert _load(args)[0].trainer.total_iterations == 6
-    args.overrides = [f"trainer.run_dir={cfg.trainer.run_dir}"]
-    args.resume = "auto"
-    assert _load(args)[1] == state.run_dir
-    args.resume = str(tmp_path)
+    assert resume_target(None, ["trainer.total_iterations=6"], state.run_dir)[0].trainer.total_iterations == 6
+    assert resume_target(None, [f"trainer.run_dir={cfg.trainer.run_dir}"], "auto")[1] == state.run_dir
     with pytest.raises(PreflightError, match="is not a run directory"):
-        _load(args)
+        resume_target(None, [f"trainer.run_dir={cfg.trainer.run_dir}"], str(tmp_path))

@@ -80,7 +80,7 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path):
     step = _check_loadable(root, at_least=committed)
     # the kill hit the save after `committed`: at most its staging folder is left over
     leftovers = [p.name for p in root.iterdir() if p.name.endswith((".tmp", ".old"))]
-    assert all(name.startswith(C.STEP_PREFIX) or name == f"{C.LATEST}.tmp" for name in leftovers)
+    assert all(name.startswith(C.CHECKPOINT_PREFIX) or name == f"{C.LATEST}.tmp" for name in leftovers)
     # a restarted saver resumes from it, saves over the leftovers, and is killed again a bit later
     committed2 = _kill_after_commits(_start_saver(root, step + 1), commits=1, delay_s=0.05)
     assert committed2 == step + 1
@@ -101,10 +101,10 @@ def test_full_disk_while_a_worker_writes_is_a_clear_error(tmp_path, monkeypatch)
 
     monkeypatch.setattr(C, "save_file", disk_full)
     tmp = C.begin_save(root, 2)
-    with pytest.raises(C.CheckpointError, match=r"policy rank 0: cannot write checkpoint to .*step_000002.*No space left"):
+    with pytest.raises(C.CheckpointError, match=rf"policy rank 0: cannot write checkpoint to .*{C.checkpoint_name(2)}.*No space left"):
         worker.save_checkpoint(tmp)
     # the step was never committed: latest still names step 1, which still loads
     assert C.load_latest(root) == first
-    assert (root / C.LATEST).read_text() == "step_000001"
+    assert (root / C.LATEST).read_text() == C.checkpoint_name(1)
     monkeypatch.undo()
     worker.load_checkpoint(first)

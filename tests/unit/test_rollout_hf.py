@@ -17,13 +17,7 @@ TOK = build_tiny_tokenizer()
 STOPS = (2, *TOK.convert_tokens_to_ids(list("abcde")))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny matmuls: thread hand-off costs more than it saves (and 2 threads on a busy 2-core machine thrash)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ def _write_step(root, step, payload: str, state: dict) -> str:
 
 def test_commit_moves_folder_and_points_latest(tmp_path):
     path = _write_step(tmp_path, 7, "w7", {"iteration": 7})
-    assert path == str(tmp_path / "step_000007")
-    assert (tmp_path / "latest").read_text() == "step_000007"
-    assert not (tmp_path / "step_000007.tmp").exists()
+    assert path == str(tmp_path / C.checkpoint_name(7))
+    assert (tmp_path / "latest").read_text() == C.checkpoint_name(7)
+    assert not (tmp_path / f"{C.checkpoint_name(7)}.tmp").exists()
     assert C.load_latest(tmp_path) == path
     assert C.read_trainer_state(path) == {"iteration": 7}
 
@@ -44,7 +44,7 @@ def test_interrupted_commit_leaves_previous_checkpoint(tmp_path, monkeypatch, fa
     with pytest.raises(C.CheckpointError, match="No space left"):
         C.finalize_checkpoint(tmp_path, 4, {"iteration": 4})
     monkeypatch.undo()
-    assert (tmp_path / "latest").read_text() == "step_000003"
+    assert (tmp_path / "latest").read_text() == C.checkpoint_name(3)
     assert C.load_latest(tmp_path) == good
     assert (C.Path(good) / "policy" / "weights.txt").read_text() == "w3"
     # the next attempt at step 4 starts from an empty staging folder
@@ -54,7 +54,7 @@ def test_interrupted_commit_leaves_previous_checkpoint(tmp_path, monkeypatch, fa
 
 def test_trainer_state_that_is_not_json_is_a_clear_error(tmp_path):
     C.begin_save(tmp_path, 1)
-    with pytest.raises(C.CheckpointError, match="step_000001"):
+    with pytest.raises(C.CheckpointError, match=C.checkpoint_name(1)):
         C.finalize_checkpoint(tmp_path, 1, {"bad": object()})
     assert C.load_latest(tmp_path) is None
 
@@ -85,8 +85,8 @@ def test_load_latest_falls_back_to_newest_complete_step(tmp_path):
     _write_step(tmp_path, 1, "a", {"i": 1})
     _write_step(tmp_path, 2, "b", {"i": 2})
     (tmp_path / "latest").unlink()
-    (tmp_path / "step_000009").mkdir()  # incomplete: no trainer_state.json
-    assert C.load_latest(tmp_path) == str(tmp_path / "step_000002")
+    (tmp_path / C.checkpoint_name(9)).mkdir()  # incomplete: no trainer_state.json
+    assert C.load_latest(tmp_path) == str(tmp_path / C.checkpoint_name(2))
 
 
 def test_resave_same_step_replaces_it(tmp_path):
@@ -124,3 +124,54 @@ def test_rng_state_round_trip(tmp_path):
     C.restore_rng_state(json.loads(json.dumps(state)))
     assert torch.equal(torch.rand(3), expected[0])
     assert random.random() == expected[1]
+
+
+# ---- folder names: iter_<N> for new checkpoints, legacy step_<N> always read -------------------
+
+
+@pytest.fixture
+def writes_iter(monkeypatch):
+    """New checkpoints named iter_<N> (what CHECKPOINT_PREFIX becomes once every reader takes it)."""
+    monkeypatch.setattr(C, "CHECKPOINT_PREFIX", C.ITERATION_PREFIX)
+
+
+def test_iteration_of_a_checkpoint_folder_under_either_name():
+    assert C.checkpoint_iteration("runs/r/checkpoints/iter_000007") == 7
+    assert C.checkpoint_iteration("step_000012") == 12
+    for other in ("iter_000007.tmp", "step_000007.damaged", "latest", "iter_", "iteration_7"):
+        assert C.checkpoint_iteration(other) is None
+
+
+def test_a_run_with_legacy_step_folders_continues_in_iter_folders(tmp_path, writes_iter):
+    C.CHECKPOINT_PREFIX = C.LEGACY_PREFIX  # a run from before: step_000003, step_000010, latest -> step_000010
+    _write_step(tmp_path, 3, "w3", {"iteration": 3})
+    _write_step(tmp_path, 10, "w10", {"iteration": 10})
+    C.CHECKPOINT_PREFIX = C.ITERATION_PREFIX
+    assert C.load_latest(tmp_path) == str(tmp_path / "step_000010")  # `latest` names a legacy folder
+    assert C.checkpoint_dir(tmp_path, 3) == str(tmp_path / "step_000003")
+    assert C.checkpoint_dir(tmp_path, 11) == str(tmp_path / "iter_000011")  # not saved yet: where it will go
+    # resumed: iteration 11 is saved under the new name; order is by iteration, not by folder name
+    assert _write_step(tmp_path, 11, "w11", {"iteration": 11}) == str(tmp_path / "iter_000011")
+    assert [(it, p.name) for it, p in C.list_checkpoints(tmp_path)] == [
+        (3, "step_000003"), (10, "step_000010"), (11, "iter_000011")]
+    (tmp_path / "latest").unlink()
+    assert C.load_latest(tmp_path) == str(tmp_path / "iter_000011")  # the fallback compares iterations
+    # re-saving an iteration that exists under the legacy name replaces it
+    _write_step(tmp_path, 3, "w3b", {"iteration": 3})
+    assert not (tmp_path / "step_000003").exists()
+    assert (tmp_path / "iter_000003" / "policy" / "weights.txt").read_text() == "w3b"
+
+
+def test_resume_fallback_crosses_from_iter_to_legacy_step_folders(tmp_path, writes_iter):
+    from workers.checkpoint_integrity import choose_resume_checkpoint
+
+    C.CHECKPOINT_PREFIX = C.LEGACY_PREFIX
+    _write_step(tmp_path, 9, "w9", {"iteration": 9})
+    C.CHECKPOINT_PREFIX = C.ITERATION_PREFIX
+    _write_step(tmp_path, 10, "w10", {"iteration": 10})
+    (tmp_path / "iter_000010" / "policy" / "weights.txt").write_text("changed")  # damaged after commit
+    warnings: list[str] = []
+    chosen = choose_resume_checkpoint(tmp_path, fallback=True, warn=warnings.append)
+    assert chosen == str(tmp_path / "step_000009")
+    assert (tmp_path / "latest").read_text() == "step_000009" and (tmp_path / "iter_000010.damaged").is_dir()
+    assert "resuming from the newest intact checkpoint step_000009" in warnings[0]

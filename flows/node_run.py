@@ -1,35 +1,24 @@
-"""``hybridflow node run NODE --run RUN_DIR --iteration N [key=value ...]``: debug one dataflow node.
+"""Running one dataflow node on an iteration's saved inputs (``hybridflow node run``).
 
-Runs one node of the run's dataflow (the built-in one, or ``trainer.dataflow``) on the saved
-inputs of iteration N — the upstream outputs in ``RUN_DIR/iter_00000N/`` — under the run's
-config plus the overrides (e.g. ``reward.function=my_reward.py:compute_score``), and prints its
-metrics next to the run's own values. The node's own function is called (the body of its
-Prefect task); only the pool(s) that node needs are started, in a namespace of their own, so a
-live training run is not disturbed (``reward`` → a reward pool, ``reference`` → a reference
-pool, ``advantage`` / ``filter_groups`` → none, not even Ray). The output is written as
-``iter_00000N/<node>.debug`` (or ``--output NAME``): the run's files, execution log and cache
-are untouched. No Prefect server is needed.
-
-Not runnable here: ``rollout`` and ``values`` (their output depends on the policy / critic
-weights at that iteration, which a checkpoint holds only every ``save_every``), and the update
-and checkpoint nodes (they change the run's weights).
+The node's own function is called (the body of its Prefect task) with its inputs wired exactly as
+the run's dataflow wires them (:attr:`flows.dataflow.DataFlow.wiring`; ``Batch`` parameters,
+:attr:`tasks.node.Node.batch_inputs`, get the loaded batch, others the NodeResult). Only the pools
+of the roles the node declares (``@node(roles=...)``) start, as one single-rank pool in a
+namespace of its own, so a live training run is not disturbed; a node that declares none needs
+no pool, not even Ray. The output is written as ``iter_<N>/<node>.debug`` (or ``output``): the
+run's files, execution log and cache are untouched.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
-import sys
 import time
-import typing
 import uuid
 from pathlib import Path
 from typing import Any
 
-# roles whose pools a node calls; a node not listed calls none
-NODE_ROLES: dict[str, tuple[str, ...]] = {"reward": ("reward",), "reference": ("reference",)}
 NOT_RUNNABLE: dict[str, str] = {
     "rollout": "its output depends on the policy weights at that iteration",
     "values": "its output depends on the critic weights at that iteration",
@@ -38,36 +27,10 @@ NOT_RUNNABLE: dict[str, str] = {
     "checkpoint": "it writes the run's checkpoints",
 }
 DEBUG_POOL = "node-debug"
-_OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
 
 
 class NodeRunError(ValueError):
     """The node cannot be run on that iteration (names the node, the iteration and why)."""
-
-
-class _OverridesAnywhere(argparse.ArgumentParser):
-    """Takes ``key.path=value`` overrides wherever they stand: argparse fills the trailing
-    ``overrides`` positional together with NODE, so later ones would be "unrecognized"."""
-
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
-        ns, extras = super().parse_known_args(args, namespace)
-        if hasattr(ns, "overrides"):
-            ns.overrides = list(ns.overrides or []) + [a for a in extras if _OVERRIDE.match(a)]
-            extras = [a for a in extras if not _OVERRIDE.match(a)]
-        return ns, extras
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="node_command", required=True, metavar="ACTION", parser_class=_OverridesAnywhere)
-    r = sub.add_parser("run", help="run one node on the saved inputs of an iteration",
-                       description="run one node on the saved inputs of an iteration")
-    r.add_argument("node", metavar="NODE", help="node name, e.g. reward, reference, advantage, filter_groups")
-    r.add_argument("--run", required=True, metavar="RUN_DIR", help="the run directory (runs/<run_id>)")
-    r.add_argument("--iteration", "-i", required=True, type=int, metavar="N", help="iteration whose inputs to use")
-    r.add_argument("--output", default=None, metavar="NAME", help="output name in iter_N/ (default: <node>.debug)")
-    r.add_argument("--use-debug-inputs", action="store_true",
-                   help="read an upstream <node>.debug output instead of the run's, where one exists")
-    r.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. reward.function=my_reward.py:score")
 
 
 # ---- inputs ----------------------------------------------------------------------------------
@@ -115,10 +78,7 @@ def gather_inputs(df: Any, name: str, run: Any, cfg: Any, *, use_debug: bool) ->
     """The node's arguments from iteration ``run.iteration``'s saved outputs, wired as the
     DataFlow wires them: a ``Batch`` parameter gets the loaded batch, any other a NodeResult.
     Raises NodeRunError naming the missing file."""
-    from hybridflow.batch import Batch
-
     node = df.node(name)
-    hints = _hints(node.fn)
     kwargs: dict[str, Any] = {}
     for param, src in df.wiring[name].items():
         if src is None:
@@ -138,15 +98,8 @@ def gather_inputs(df: Any, name: str, run: Any, cfg: Any, *, use_debug: bool) ->
                 f"{source!r} ({run.batch_uri(source)}.safetensors): it did not run in that iteration; "
                 f"run `hybridflow node run {source} ...` first and pass --use-debug-inputs")
         result, batch = load_saved(uri, source, run)
-        kwargs[param] = batch if hints.get(param) in (Batch, Batch | None) else result
+        kwargs[param] = batch if param in node.batch_inputs else result
     return kwargs
-
-
-def _hints(fn: Any) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fn)
-    except Exception:  # noqa: BLE001 - unresolved user annotations: treat as NodeResult
-        return {}
 
 
 # ---- pools -----------------------------------------------------------------------------------
@@ -210,14 +163,14 @@ def _check_output_name(output: str, df: Any) -> None:
 
 
 def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | None = None, *,
-             output: str | None = None, use_debug_inputs: bool = False) -> dict[str, Any]:
+             output: str | None = None, use_debug_inputs: bool = False) -> Any:
     """Run node ``name`` on iteration ``iteration`` of ``run_dir``; returns its NodeResult
-    ({"node", "ref" (the saved ``<node>.debug`` batch or None), "metrics"}).
+    (``ref``: the saved ``<node>.debug`` batch, or None).
     Raises NodeRunError (unknown / not runnable node, missing iteration or input), ConfigError."""
     from flows.iteration import build_dataflow
     from hybridflow.config import load_config
+    from hybridflow.metric_names import node_time_metric
     from tasks.common import RunContext
-    from tasks.node import TIMING_NAMES
     from workers.pool import namespace_for
 
     root = Path(run_dir).resolve()
@@ -235,7 +188,7 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
         raise NodeRunError(f"no node {name!r} in this run's dataflow; nodes: {', '.join(n.name for n in df.nodes)}")
     output = output or f"{name}.debug"
     _check_output_name(output, df)
-    roles = NODE_ROLES.get(name, ())
+    roles = df.node(name).roles
     run_cfg = isolate_roles(cfg, roles) if roles else cfg
     namespace = namespace_for(f"{root.name}-node-{name}-{uuid.uuid4().hex[:6]}")
     run = RunContext(root.name, str(root), iteration, namespace, cfg.trainer.seed, run_cfg.model_dump(mode="json"))
@@ -244,13 +197,13 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
     try:
         start = time.perf_counter()
         result = _save_output(run, output, df.node(name).fn(run, **inputs))
-        return result.with_metrics({f"timing_s/{TIMING_NAMES.get(name, name)}": time.perf_counter() - start})
+        return result.with_metrics({node_time_metric(name): time.perf_counter() - start})
     finally:
         if pool is not None:
             _stop_pool(pool)
 
 
-def _run_metrics(run_dir: str, iteration: int) -> dict[str, float]:
+def run_metrics(run_dir: str, iteration: int) -> dict[str, float]:
     path = Path(run_dir) / "metrics.jsonl"
     out: dict[str, float] = {}
     for line in path.read_text().splitlines() if path.is_file() else []:
@@ -260,39 +213,3 @@ def _run_metrics(run_dir: str, iteration: int) -> dict[str, float]:
     return out
 
 
-def print_result(result: dict[str, Any], run_dir: str, iteration: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    before = _run_metrics(run_dir, iteration)
-    table = Table(title=f"{result.node} on iteration {iteration}")
-    for col in ("metric", "this run", "in the run"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
-    for k, v in sorted(result.metrics.items()):
-        table.add_row(k, f"{v:.6g}", f"{before[k]:.6g}" if k in before else "")
-    console = Console()
-    console.print(table)
-    if result.ref is not None:
-        console.print(f"output: {result.ref.uri}.safetensors (+ .json), {result.ref.rows} rows")
-
-
-def run(args: argparse.Namespace) -> int:
-    import os
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        ray = None
-    ray_was_up = ray is not None and ray.is_initialized()
-    try:
-        result = run_node(args.run, args.node, args.iteration, args.overrides, output=args.output,
-                          use_debug_inputs=args.use_debug_inputs)
-    except (NodeRunError, ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        if ray is not None and not ray_was_up and ray.is_initialized():
-            ray.shutdown()
-    print_result(result, args.run, args.iteration)
-    return 0

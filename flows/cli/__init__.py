@@ -1,8 +1,11 @@
-"""The ``hybridflow`` command line.
+"""The ``hybridflow`` command line: argparse and printing only.
 
-Subcommands live in small modules that expose ``add_arguments(parser)`` and
-``run(args) -> int``; they are imported only when their subcommand runs, so
-``hybridflow --help`` is fast (no torch, prefect or ray at module top).
+Each subcommand is a small module that exposes ``add_arguments(parser)`` and ``run(args) -> int``
+and calls the library (the flows, :mod:`flows.services` for starting and stopping what a command
+needs, :mod:`flows.eval_plan`, :mod:`flows.export`, ...). Subcommand modules keep heavy imports
+inside ``run()``, so ``hybridflow --help`` is fast (no torch, prefect or ray at module top).
+Every subcommand parser takes ``key.path=value`` overrides wherever they stand
+(:class:`flows.cli.args.OverridesAnywhere`).
 """
 
 from __future__ import annotations
@@ -10,40 +13,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import re
 import sys
+
+from flows.cli.args import OverridesAnywhere
 
 # subcommand -> (module with add_arguments/run, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("flows.cli_train", "run RL training (a Prefect flow on Ray)"),
-    "eval": ("flows.cli_eval", "evaluate a model or checkpoint on a dataset"),
+    "train": ("flows.cli.train", "run RL training (a Prefect flow on Ray)"),
+    "eval": ("flows.cli.eval", "evaluate a model or checkpoint on a dataset"),
     "data": ("hybridflow.data.cli", "write verl-format datasets (gsm8k, arith, countdown)"),
-    "export": ("flows.cli_export", "export a checkpoint as a plain Hugging Face model folder"),
-    "deploy": ("flows.cli_deploy", "register the Prefect deployments"),
-    "bench": ("flows.cli_bench", "run a benchmark from bench/"),
-    "node": ("flows.cli_node", "run one dataflow node on a saved iteration"),
-    "config": ("flows.cli_config", "show the resolved config"),
+    "export": ("flows.cli.export", "export a checkpoint as a plain Hugging Face model folder"),
+    "deploy": ("flows.cli.deploy", "register the Prefect deployments"),
+    "bench": ("flows.cli.bench", "run a benchmark from bench/"),
+    "node": ("flows.cli.node", "run one dataflow node on a saved iteration"),
+    "config": ("flows.cli.config", "show the resolved config"),
+    "dataflow": ("flows.cli.dataflow", "show the iteration's nodes, edges and pools for a config"),
 }
-
 
 # commands that run flows: they get -v (Prefect's task-state lines and Ray's worker logs on the console)
 VERBOSE_COMMANDS = ("train", "eval")
-_OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
-
-
-class OverridesAnywhere(argparse.ArgumentParser):
-    """A subcommand parser that takes ``key.path=value`` overrides wherever they stand.
-
-    argparse fills a trailing ``overrides`` positional (nargs="*") together with the positional
-    before it, so in ``config show -c FILE actor.lr=3e-6`` the override after ``-c FILE`` would be
-    "unrecognized"; here such leftovers are appended to ``overrides`` instead."""
-
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
-        ns, extras = super().parse_known_args(args, namespace)
-        if hasattr(ns, "overrides"):
-            ns.overrides = list(ns.overrides or []) + [a for a in extras if _OVERRIDE.match(a)]
-            extras = [a for a in extras if not _OVERRIDE.match(a)]
-        return ns, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,12 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
         if name in VERBOSE_COMMANDS:
             p.add_argument("-v", "--verbose", action="store_true",
                            help="also print Prefect's flow/task-run log lines and Ray's worker logs")
-        # subcommand modules keep heavy imports inside run(), so importing them here is cheap
-        importlib.import_module(module).add_arguments(p)
+        importlib.import_module(module).add_arguments(p)  # cheap: no heavy imports at their top
     return parser
 
 
+def error_line(e: BaseException) -> str:
+    """``error: <message>`` (a ConfigError's own ``config error: ...`` lines are kept as they are)."""
+    text = str(e)
+    return text if text.startswith(("error:", "config error:")) else f"error: {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: sys.argv[1:]) and run the subcommand. Returns the exit code:
+    0 done, 1 a run that stopped itself (flows.train.TrainingStopped) or failed to write, 2 a bad
+    argument or config (one line on stderr), 130 interrupted, 143 SIGTERM (as SystemExit)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in VERBOSE_COMMANDS:
@@ -74,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except ConfigError as e:
-        print(str(e), file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -85,7 +81,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(str(e), file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

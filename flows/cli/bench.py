@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 NOT_BENCHMARKS = {"__init__", "common", "harness"}  # helpers, not benchmarks
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from flows.cli.args import add_overrides
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["show"], help="show: print the resolved config as YAML")
     p.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.lr=2e-6")
+    add_overrides(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,7 @@
+"""``python -m flows.cli``: the ``hybridflow`` command."""
+
+import sys
+
+from flows.cli import main
+
+sys.exit(main())

@@ -1,0 +1,26 @@
+"""``hybridflow dataflow show -c FILE [key=value ...]``: the iteration's nodes, their edges and pools."""
+
+from __future__ import annotations
+
+import argparse
+
+from flows.cli.args import add_overrides
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["show"], help="show: print the nodes in run order, each input's source "
+                   "and the pool each node calls")
+    p.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
+    add_overrides(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flows.iteration import build_dataflow
+    from hybridflow.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    for mod in cfg.trainer.plugins:  # a user dataflow's nodes may live in a plugin
+        __import__(mod)
+    pools = {role: name for name, p in cfg.placement.pools.items() for role in p.roles}
+    print(build_dataflow(cfg).describe(pools))
+    return 0

@@ -1,0 +1,108 @@
+"""``hybridflow eval --model PATH_OR_RUN_CHECKPOINT [-c CONFIG] [--data FILES...] [--samples N]
+[--max-prompts N] [key=value ...]``: accuracy of a model or checkpoint, per data source.
+
+``--model`` is a run directory (its latest checkpoint, or ``--step N``), a checkpoint folder
+(``runs/<id>/checkpoints/iter_000010``, or ``.../checkpoints/latest``), or any model
+``model.path`` accepts (an exported HF folder, a .gguf file, ``smollm2-135m-instruct``). A
+run's checkpoint is evaluated under the run's config.yaml unless ``-c CONFIG`` is given; a
+model under ``-c CONFIG`` (the data, prompt format, reward and response length come from there).
+
+The arguments are checked first (:func:`flows.eval_plan.plan_evaluation`, which the ``evaluate``
+flow runs too; it imports no Prefect, because Prefect reads PREFECT_API_URL once, when it is
+imported). Then, inside :func:`flows.services.services` (a local Prefect server unless
+PREFECT_API_URL is set; Ray, stopped at exit if it was not running before), the ``evaluate``
+flow runs and a table of accuracies is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from flows.cli.args import add_overrides
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", required=True, metavar="PATH_OR_RUN_CHECKPOINT",
+                   help="run dir, checkpoint folder, HF folder, .gguf file or smollm2-135m-instruct")
+    p.add_argument("-c", "--config", help="YAML config (default for a run's checkpoint: the run's config.yaml)")
+    p.add_argument("--data", nargs="+", metavar="FILE", help="evaluation data (default: the config's data.val_files)")
+    p.add_argument("--samples", type=int, default=1, metavar="K", help="samples per prompt: mean@K / pass@K (default 1)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: 0 = greedy for --samples 1, else rollout.temperature)")
+    p.add_argument("--max-prompts", type=int, default=None, metavar="N", help="evaluate the first N prompts only")
+    p.add_argument("--step", default=None, help="checkpoint step of a run dir: N or 'latest' (default: latest)")
+    p.add_argument("--prefect-home", default=None, help="where a local Prefect server keeps its SQLite db")
+    p.add_argument("--json", action="store_true", help="also print the full result as JSON")
+    add_overrides(p, "rollout.max_response_tokens=128")
+
+
+def flow_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The evaluate flow's parameters from the command line (no I/O beyond path checks).
+    Raises ValueError (a bad count, --step for something that is not a run dir) or
+    FileNotFoundError (a missing --model path)."""
+    from flows.eval_plan import target_of
+
+    if args.samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {args.samples}")
+    if args.max_prompts is not None and args.max_prompts < 1:
+        raise ValueError(f"--max-prompts must be >= 1, got {args.max_prompts}")
+    kwargs = target_of(args.model, args.step)
+    if args.config:
+        kwargs["config_path"] = args.config
+    return {**kwargs, "data_files": args.data, "overrides": list(args.overrides), "samples_per_prompt": args.samples,
+            "max_prompts": args.max_prompts}
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    k = summary["samples_per_prompt"]
+    title = f"{summary['evaluated']}: {k} sample(s) per prompt, temperature {summary['temperature']:g}"
+    table = Table()  # the title goes on a line of its own: as the table's title it would wrap to the columns' width
+    cols = [f"mean@{k}"] + ([f"pass@{k}"] if k > 1 else [])
+    for name in ("data source", "prompts", *cols):
+        table.add_column(name, justify="left" if name == "data source" else "right")
+    rows = summary["per_source"]
+    for src, row in rows.items():
+        table.add_row(src, str(int(row["prompts"])), *(f"{row[c]:.3f}" for c in cols))
+    if len(rows) > 1:
+        total = sum(r["prompts"] for r in rows.values())
+        table.add_row("all (prompt-weighted)", str(int(total)),
+                      *(f"{sum(r[c] * r['prompts'] for r in rows.values()) / total:.3f}" for c in cols))
+    console = Console()
+    console.print(title, highlight=False)
+    console.print(table)
+    console.print(f"generations: {summary['eval_dir']}")
+    console.print(f"MLflow run:  {summary.get('mlflow_run_id')} at {summary.get('mlflow_uri')}")
+    console.print(f"Prefect flow run: {summary.get('prefect_flow_run_id')}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from flows.eval_plan import plan_evaluation
+
+    try:
+        kwargs = flow_kwargs(args)
+        _, cfg = plan_evaluation(**kwargs)  # fails here, before any service starts
+    except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    kwargs["temperature"] = args.temperature if args.temperature is not None else (
+        0.0 if args.samples == 1 else cfg.rollout.temperature)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from flows.services import services
+
+    # Ray up front (the flow would start it with the same config): SIGTERM then unwinds through
+    # the services' exit instead of meeting the handler ray.init installs, which aborts the driver
+    with services(cfg, prefect_home=args.prefect_home, ray=True):
+        from flows.evaluate import evaluate
+
+        summary = evaluate(**kwargs)
+        print_table(summary)
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        return 0

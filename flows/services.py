@@ -1,0 +1,108 @@
+"""Start and stop what a command needs, in one place: ``with services(cfg, ...):``.
+
+``hybridflow train``, ``hybridflow eval`` and ``hybridflow node run`` each run inside it. On entry it
+makes SIGTERM unwind like Ctrl-C (:func:`stop_on_sigterm`), optionally starts the reaper watchdog
+(:func:`flows.runtime.start_reaper`: what the command starts dies with it, even after a SIGKILL),
+uses ``$PREFECT_API_URL`` or starts a local Prefect server on 127.0.0.1
+(:func:`flows.runtime.ensure_prefect_api`; Prefect's server-less ephemeral mode does not work under
+Ray), and optionally starts Ray now (else whatever runs inside starts it on demand,
+:func:`flows.runtime.ensure_ray`). On exit, however the body ends, it stops what it started and
+nothing else: Ray if it was not running on entry, then the Prefect server after sending Prefect's
+queued logs and events (:func:`drain_prefect_services`); the previous SIGTERM handler is restored.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flows import runtime
+
+
+@dataclass(frozen=True)
+class Services:
+    """What :func:`services` brought up. ``prefect_url``: the Prefect API the command uses (None
+    without Prefect); ``prefect_home``: the local server's folder ("" when the API was given by
+    ``$PREFECT_API_URL``, None without Prefect)."""
+
+    prefect_url: str | None
+    prefect_home: str | None
+
+
+def default_prefect_home(cfg: Any) -> str:
+    """``<trainer.run_dir>/.prefect`` (absolute): where a local Prefect server keeps its SQLite db."""
+    return str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
+
+
+def stop_on_sigterm() -> Any:
+    """SIGTERM (``timeout``, ``kill``, a scheduler stopping the job) unwinds like Ctrl-C, so the
+    ``finally`` blocks stop Ray and the Prefect server this command started, and release the run
+    folder's lock, instead of leaving them behind. Exit status 143 (128 + SIGTERM). Returns the
+    previous handler (None off the main thread, where handlers cannot be set)."""
+
+    def _terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        return signal.signal(signal.SIGTERM, _terminate)
+    return None
+
+
+def drain_prefect_services(timeout_s: float = 20.0) -> None:
+    """Send queued Prefect logs/events while the server is still up: once we stop the server, the
+    interpreter's at-exit drain would otherwise wait on a server that is gone."""
+    try:
+        from prefect._internal.concurrency.services import QueueService
+
+        QueueService.drain_all(timeout=timeout_s)
+    except Exception:  # best effort: never turn a finished run into a failure
+        pass
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")  # not imported: not running (and not imported here for nothing)
+    return ray is not None and ray.is_initialized()
+
+
+@contextmanager
+def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None, ray: bool = False,
+             reaper: bool = False) -> Iterator[Services]:
+    """Bring up what a command needs for the body of the ``with``, and stop it afterwards.
+
+    cfg: the ExperimentConfig the command runs (Ray's resources, ``placement.ray_address``,
+    ``trainer.run_dir`` for the default Prefect home); None for a command that needs neither.
+    prefect: use ``$PREFECT_API_URL`` or start a local server under ``prefect_home`` (default
+    :func:`default_prefect_home`). ray: start Ray (or join ``placement.ray_address``) on entry;
+    without it, Ray started inside the body (by a flow or a pool) is stopped at exit just the same.
+    reaper: start the reaper watchdog first.
+    Raises RuntimeError when the Prefect API is unreachable or the server does not come up.
+    """
+    previous = stop_on_sigterm()
+    ray_was_running = _ray_running()
+    if reaper:
+        runtime.start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
+    server = None
+    try:
+        if prefect:
+            server = runtime.ensure_prefect_api(prefect_home or default_prefect_home(cfg))
+        if ray:
+            runtime.ensure_ray(cfg)
+            stop_on_sigterm()  # ray.init installs its own SIGTERM handler, which aborts the driver (exit -6)
+        yield Services(server.url if server else None, (server.home or "") if server else None)
+    finally:
+        try:
+            if not ray_was_running and _ray_running():
+                sys.modules["ray"].shutdown()
+        finally:
+            if server is not None:
+                drain_prefect_services()
+                server.stop()
+            sys.stdout.flush()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,56 @@
+"""Our concepts → the metric names they are logged under (verl's).
+
+Why a table: metrics keep verl's names, so a dashboard, a verl run and our benchmarks read the
+same curves — but verl's names use verl's words. Its ``timing_s/step`` is the wall time of one
+RL *iteration* (here a *step* is one optimizer step, ``Optimization.steps_applied``), its
+``gen`` is our *rollout*, its ``actor`` our *policy*. Code names things by our concept and looks
+the metric name up here, so the translation lives in one place.
+
+Pure python: no torch, no prefect.
+"""
+
+from __future__ import annotations
+
+METRIC_NAMES: dict[str, str] = {
+    # wall time, seconds
+    "iteration_time_s": "timing_s/step",  # one RL iteration, from its start to its metrics
+    "iteration_wall_s": "timing_s/iteration_wall",  # ours (no verl name): the iteration flow's wall clock
+    "rollout_time_s": "timing_s/gen",
+    "reward_time_s": "timing_s/reward",
+    "reference_time_s": "timing_s/ref",
+    "values_time_s": "timing_s/values",
+    "advantage_time_s": "timing_s/adv",
+    "update_policy_time_s": "timing_s/update_actor",
+    "update_critic_time_s": "timing_s/update_critic",
+    "validate_time_s": "timing_s/testing",
+    "checkpoint_time_s": "timing_s/save_checkpoint",
+    # the policy's update (verl: the actor)
+    "policy_update_skipped": "actor/update_skipped",
+    "policy_weights_version": "actor/weights_version",
+    "policy_kl_coef": "actor/kl_coef",
+    # the advantage node: the score of each sequence, the KL coefficient of the next iteration
+    "sequence_score": "critic/score",
+    "kl_coef_next": "critic/kl_coef_next",
+}
+
+# Built-in node name → the concept of its wall time (a user's node is timed under its own name).
+NODE_TIME = {
+    "rollout": "rollout_time_s",
+    "reward": "reward_time_s",
+    "reference": "reference_time_s",
+    "values": "values_time_s",
+    "advantage": "advantage_time_s",
+    "update_policy": "update_policy_time_s",
+    "update_critic": "update_critic_time_s",
+    "validate": "validate_time_s",
+    "checkpoint": "checkpoint_time_s",
+}
+
+
+def node_time_metric(node: str) -> str:
+    """The metric a node's wall time is logged under: ``"rollout"`` → ``"timing_s/gen"``; a node
+    not in :data:`NODE_TIME` → ``"timing_s/<node>"``."""
+    return METRIC_NAMES[NODE_TIME[node]] if node in NODE_TIME else f"timing_s/{node}"
+
+
+__all__ = ["METRIC_NAMES", "NODE_TIME", "node_time_metric"]

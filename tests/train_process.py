@@ -1,0 +1,60 @@
+"""``hybridflow train`` in a subprocess, for the integration and cluster tests: start it in a
+process group of its own, wait for it (failing with the log's tail), SIGKILL that group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train_env(*, drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
+    """This process's environment without the variables starting with ``drop``, with the tree on
+    PYTHONPATH, tokenizers single-threaded and ``extra`` set."""
+    env = {k: v for k, v in os.environ.items() if not (drop and k.startswith(drop))}
+    return {**env, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", **extra}
+
+
+def start_train(
+    args: list[str], *, log: Path, err_log: Path | None = None, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``python -m flows.cli train ARGS`` in a new session (its own process group).
+
+    log: stdout, appended to, with stderr too unless err_log is given (then both are truncated).
+    env: default :func:`train_env`.
+    """
+    mode = "ab" if err_log is None else "wb"
+    stderr = subprocess.STDOUT if err_log is None else open(err_log, "wb")
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=str(cwd),
+                            env=train_env() if env is None else env, stdout=open(log, mode), stderr=stderr,
+                            start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group this test created (the CLI and whatever it started in it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+def wait_train(proc: subprocess.Popen, log: Path, timeout_s: float = 900) -> int:
+    """The exit code; fails the test with the log's tail after ``timeout_s``. The group is killed
+    on the way out if the CLI still runs."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hybridflow train did not finish in {timeout_s}s:\n{log.read_text(errors='replace')[-4000:]}")
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+
+
+__all__ = ["REPO", "train_env", "start_train", "kill_group", "wait_train"]
