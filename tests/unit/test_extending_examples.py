@@ -91,3 +91,17 @@ def test_kl_probe_is_in_the_dataflow_only_when_the_config_uses_kl():
     assert both.wiring["kl_probe"] == {"rollout": "rollout", "reference": "reference"}
     assert both.wiring["advantage"]["reference"] == "best_of_n"
     assert "kl_probe" not in combined.build_dataflow(tiny_cfg()).wiring
+
+
+def test_the_doc_shows_what_dataflow_show_prints_for_example_2(capsys):
+    import argparse
+
+    from flows.cli import dataflow as dataflow_cli
+
+    root = DOC.parents[1]
+    args = argparse.Namespace(config=str(root / "examples" / "grpo_arith.yaml"),
+                              overrides=["trainer.dataflow=tests.integration.extending.best_of_n:build_dataflow"])
+    assert dataflow_cli.run(args) == 0
+    printed = capsys.readouterr().out.strip()
+    assert "advantage(rollout <- best_of_n, reward <- best_of_n" in printed
+    assert printed in [b.strip() for b in re.findall(r"```text\n(.*?)```", DOC.read_text(), flags=re.S)]
