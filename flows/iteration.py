@@ -3,7 +3,8 @@
 The built-in dataflow, as :func:`builtin_dataflow` declares it (``hybridflow dataflow show -c
 CONFIG`` prints it for a config, with the pool each node calls)::
 
-    prompts ─► rollout ─► reward ‖ reference ‖ values ─► [filter_groups] ─► advantage ─► update_critic ‖ update_policy
+    prompts ─► rollout ─► reward ‖ reference ‖ values ─► advantage ─► update_critic ‖ update_policy
+    with algorithm.filter_groups:  rollout ─► reward ─► filter_groups ─► reference ‖ values ─► advantage ─► ...
 
 Nodes switch off by config (no reference without KL, no values/update_critic without a critic,
 filter_groups only with ``algorithm.filter_groups``); a user DataFlow replaces the built-in one
@@ -41,14 +42,15 @@ def flow_inputs(cfg: ExperimentConfig) -> tuple[str, ...]:
 
 def builtin_dataflow(cfg: ExperimentConfig) -> DataFlow:
     """The iteration's nodes for ``cfg``, their edges written where they take effect."""
-    filtered = cfg.algorithm.filter_groups  # DAPO dynamic sampling: advantage reads the filtered groups
+    # DAPO dynamic sampling: every node after the filter reads the kept groups, not all of them
+    kept = "filter_groups" if cfg.algorithm.filter_groups else "rollout"
     nodes = [
         rollout,                                           # (prompts, policy_version) -> trajectories
         reward,                                            # (rollout) -> token_level_scores
-        reference if cfg.needs_reference else None,        # (rollout) -> ref_log_probs
-        values if cfg.needs_critic else None,              # (rollout, critic_version) -> values
-        filter_groups if filtered else None,               # (rollout, reward) -> kept groups
-        advantage.wire(rollout="filter_groups", reward="filter_groups") if filtered else advantage,
+        filter_groups if cfg.algorithm.filter_groups else None,   # (rollout, reward) -> kept groups
+        reference.wire(rollout=kept) if cfg.needs_reference else None,   # -> ref_log_probs
+        values.wire(rollout=kept) if cfg.needs_critic else None,         # (+ critic_version) -> values
+        advantage.wire(rollout=kept, reward=kept.replace("rollout", "reward")),
         update_critic if cfg.needs_critic else None,       # (advantage, critic_version)
         update_policy,                                     # (advantage, policy_version)
     ]

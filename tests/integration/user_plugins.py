@@ -1,4 +1,5 @@
-"""User code exactly as docs/extending.md shows it: a new advantage estimator and a new node.
+"""A user advantage estimator and a DAPO-like filter node, written with the API of docs/extending.md
+(whose examples are tests/integration/extending/); test_recovery_and_extending.py trains with them.
 
 Selected by config: `algorithm.adv_estimator=grpo_median`, `trainer.plugins=[tests.integration.user_plugins]`,
 `trainer.dataflow=tests.integration.user_plugins:build_dataflow`.

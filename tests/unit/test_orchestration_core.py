@@ -291,3 +291,31 @@ def test_a_skipped_update_keeps_the_version_and_is_not_recorded(tmp_path):
     role.skip = True
     result = apply_update(run, "policy", role, _result(tmp_path, "advantage", 1.0).ref, 0)
     assert not result.applied and result.version == 0 and read_ledger(run.run_dir, "policy") == []
+
+
+@pytest.mark.parametrize("extra", [[], ["actor.use_kl_loss=true"], ["algorithm.adv_estimator=gae"],
+                                   ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true"]])
+def test_builtin_wiring_with_the_filter_equals_the_former_overrides_rule(extra):
+    """Before the explicit wiring, filter_groups declared overrides=("rollout", "reward"): every node
+    that does not feed it — reference, values, advantage — read its output. The same edges now."""
+    import dataclasses
+
+    from flows.iteration import builtin_dataflow, flow_inputs
+    from tasks.advantage import advantage
+    from tasks.filter_groups import filter_groups
+    from tasks.reference import reference
+    from tasks.reward import reward
+    from tasks.rollout import rollout
+    from tasks.update import update_critic, update_policy
+    from tasks.values import values
+
+    cfg = tiny_cfg("algorithm.filter_groups=true", *extra)
+    old_filter = dataclasses.replace(filter_groups, overrides=("rollout", "reward"))
+    old_nodes = [rollout, reward] + ([reference] if cfg.needs_reference else []) + (
+        [values] if cfg.needs_critic else []) + [old_filter, advantage] + (
+        [update_critic] if cfg.needs_critic else []) + [update_policy]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        former = DataFlow(old_nodes, inputs=flow_inputs(cfg))
+    now = builtin_dataflow(cfg)
+    assert now.wiring == former.wiring and now.order == former.order
