@@ -126,7 +126,7 @@ def test_a_pool_the_cluster_cannot_hold_fails_in_one_line(cluster, runs, data, p
                       **{"placement.pools.main.workers": "3"})
     assert rc == 2, log[-4000:]
     last = log.strip().splitlines()[-1]
-    assert last.startswith("pool 'main' asks for 3 × {CPU: 1.0, GPU: 0.0} (STRICT_SPREAD), which the cluster "
+    assert last.startswith("error: pool 'main' asks for 3 × {CPU: 1.0, GPU: 0.0} (STRICT_SPREAD), which the cluster "
                            "cannot place (fewer than 3 nodes can hold a rank)"), log[-2000:]
     assert "Traceback" not in log
 
