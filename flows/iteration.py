@@ -21,8 +21,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.dataflow import DataFlow
-from hybridflow.config import ExperimentConfig
+from flows.dataflow import DataFlow, DataFlowError
+from hybridflow.config import ConfigError, ExperimentConfig
 from tasks.advantage import advantage
 from tasks.common import RunContext
 from tasks.filter_groups import filter_groups
@@ -63,13 +63,29 @@ def builtin_nodes(cfg: ExperimentConfig) -> list:
 
 
 def build_dataflow(cfg: ExperimentConfig) -> DataFlow:
-    """The iteration's DataFlow: ``trainer.dataflow`` ("module:function(cfg) -> DataFlow") or the built-in one."""
+    """The iteration's DataFlow: ``trainer.dataflow`` ("module:function(cfg) -> DataFlow") or the
+    built-in one. Raises ConfigError naming ``trainer.dataflow`` when the factory cannot be
+    imported, does not return a DataFlow, or its graph is not runnable (DataFlowError's message)."""
     spec = cfg.trainer.dataflow
-    if spec:
-        module, _, attr = spec.partition(":")
+    if not spec:
+        return builtin_dataflow(cfg)
+    module, _, attr = spec.partition(":")
+    where = f"trainer.dataflow={spec}"
+    if not module or not attr:
+        raise ConfigError(f"config error: {where}: expected 'module:function'")
+    try:
+        for plugin in cfg.trainer.plugins:  # the factory's nodes may live in a plugin
+            importlib.import_module(plugin)
         factory = getattr(importlib.import_module(module), attr)
-        return factory(cfg)
-    return builtin_dataflow(cfg)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"config error: {where}: {type(e).__name__}: {e}") from None
+    try:
+        flow = factory(cfg)
+    except (DataFlowError, ValueError, TypeError) as e:  # DataFlowError; rewire/wire of a missing parameter
+        raise ConfigError(f"config error: {where}: {e}") from None
+    if not isinstance(flow, DataFlow):
+        raise ConfigError(f"config error: {where} returned {type(flow).__name__}, not a DataFlow")
+    return flow
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
-from flows.iteration import IterationResult
+from flows.iteration import IterationResult, build_dataflow
 from flows.observe import RunObserver
 from flows.run_pools import run_pools
 from flows.run_state import RunSession, open_run
@@ -299,6 +299,7 @@ def train(
     observer = RunObserver(state, tracker, flow_run_id)
     status = "FAILED"
     try:
+        build_dataflow(state.cfg)  # a bad trainer.dataflow is a ConfigError now, before any model loads
         observer.started()
         with run_pools(state.cfg, state.namespace, state.dir.checkpoints):
             state.prepare_validation()  # after the pools are up, as the run always did

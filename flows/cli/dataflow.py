@@ -19,8 +19,6 @@ def run(args: argparse.Namespace) -> int:
     from hybridflow.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    for mod in cfg.trainer.plugins:  # a user dataflow's nodes may live in a plugin
-        __import__(mod)
     pools = {role: name for name, p in cfg.placement.pools.items() for role in p.roles}
     print(build_dataflow(cfg).describe(pools))
     return 0

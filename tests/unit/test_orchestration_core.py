@@ -319,3 +319,28 @@ def test_builtin_wiring_with_the_filter_equals_the_former_overrides_rule(extra):
         former = DataFlow(old_nodes, inputs=flow_inputs(cfg))
     now = builtin_dataflow(cfg)
     assert now.wiring == former.wiring and now.order == former.order
+
+
+def _returns_none(cfg):
+    return None
+
+
+def _missing_input(cfg):
+    from flows.iteration import builtin_dataflow
+
+    return builtin_dataflow(cfg).add(score)  # score reads 'gen', which nothing provides
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nope_module:x", r"trainer.dataflow=nope_module:x: ModuleNotFoundError: No module named 'nope_module'"),
+    ("tests.unit.test_orchestration_core", r"expected 'module:function'"),
+    ("tests.unit.test_orchestration_core:nothere", r"AttributeError: .*'nothere'"),
+    ("tests.unit.test_orchestration_core:_returns_none", r"returned NoneType, not a DataFlow"),
+    ("tests.unit.test_orchestration_core:_missing_input", r"node 'score': parameter 'gen' is not provided"),
+])
+def test_a_bad_trainer_dataflow_is_one_config_error(spec, message):
+    from flows.iteration import build_dataflow
+    from hybridflow.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        build_dataflow(tiny_cfg(f"trainer.dataflow={spec}"))

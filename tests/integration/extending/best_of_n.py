@@ -31,8 +31,9 @@ def best_of_n(run, rollout: Batch, reward: Batch, reference: Batch | None = None
 
 
 def build_dataflow(cfg, flow=None):
-    """``flow`` (default: the built-in iteration) with the advantage node, and so the update,
-    reading best_of_n's rows in place of all of rollout's, reward's, reference's and values'."""
-    flow = (flow or builtin_dataflow(cfg)).add(best_of_n, before="advantage")
-    fed = [p for p in ("rollout", "reward", "reference", "values") if flow.wiring["advantage"].get(p)]
+    """``flow`` (default: the built-in iteration) with best_of_n reading what the advantage node
+    read (e.g. filter_groups' kept groups), and the advantage node, so the update, reading best_of_n."""
+    flow = flow or builtin_dataflow(cfg)
+    fed = {p: src for p, src in flow.wiring["advantage"].items() if src and p in ("rollout", "reward", "reference", "values")}
+    flow = flow.add(best_of_n.wire(**fed), before="advantage")
     return flow.rewire("advantage", **{p: "best_of_n" for p in fed})
