@@ -34,16 +34,15 @@ import yaml
 from fsspec.implementations.local import LocalFileSystem
 
 from hybridflow.config import ConfigError, ExperimentConfig, config_from_dict, dump_config
+from tasks.layout import EXECUTION_LOG, RESULTS, ledger_name  # the files the tasks write
 
 CONFIG = "config.yaml"
 RUN_INFO = "run.json"
 METRICS = "metrics.jsonl"
 VALIDATION = "validation.jsonl"
 SUMMARY = "summary.json"
-EXECUTION_LOG = "execution_log.jsonl"
 POOL_EVENTS = "pool_events.jsonl"
 CHECKPOINTS = "checkpoints"
-RESULTS = "prefect-results"
 
 
 class RunDir:
@@ -118,7 +117,7 @@ class RunDir:
 
     def ledger(self, role: str) -> str:
         """``<url>/updates_<role>.jsonl``: the exactly-once ledger of a trained role."""
-        return self.path(f"updates_{role}.jsonl")
+        return self.path(ledger_name(role))
 
     def checkpoint_dir(self, iteration: int) -> str:
         """The committed checkpoint of ``iteration``: ``<url>/checkpoints/iter_000007`` (or the

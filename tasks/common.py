@@ -19,6 +19,7 @@ from typing import Any
 import fsspec
 
 from hybridflow.batch import Batch, BatchRef
+from tasks.layout import EXECUTION_LOG, RESULTS
 from tasks.types import NodeResult
 
 
@@ -100,21 +101,21 @@ def node_cache_key(context: Any, parameters: dict[str, Any]) -> str:
 def result_storage_path(run_dir: str) -> Path:
     """Prefect result storage for a run: ``<run_dir>/prefect-results`` (shared storage on a cluster).
     Records there are read only as JSON node results (:mod:`tasks.results`)."""
-    return Path(run_dir) / "prefect-results"
+    return Path(run_dir) / RESULTS
 
 
 def record_execution(run: RunContext, node: str, **extra: Any) -> None:
     """Append one line to ``<run_dir>/execution_log.jsonl``: proof that a node's body ran
     (a cached node does not run its body, so it writes nothing)."""
     line = json.dumps({"iteration": run.iteration, "node": node, "pid": os.getpid(), "t": time.time(), **extra})
-    fs, path = fsspec.core.url_to_fs(f"{run.run_dir}/execution_log.jsonl")
+    fs, path = fsspec.core.url_to_fs(f"{run.run_dir}/{EXECUTION_LOG}")
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "a") as f:
         f.write(line + "\n")
 
 
 def read_execution_log(run_dir: str) -> list[dict[str, Any]]:
-    fs, path = fsspec.core.url_to_fs(f"{run_dir}/execution_log.jsonl")
+    fs, path = fsspec.core.url_to_fs(f"{run_dir}/{EXECUTION_LOG}")
     if not fs.exists(path):
         return []
     with fs.open(path, "r") as f:

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tasks.layout import RESULTS
+
 SERIALIZER_TYPE = "hybridflow-node-result"  # tasks.serializer.NodeResultSerializer
 REFUSED_SUFFIX = ".refused"
 _SERIALIZER = {"type": "json", "jsonlib": "json",
@@ -134,7 +136,7 @@ def check_result_records(run_dir: str | os.PathLike) -> int:
     that *failed* (``{"__exc_type__": ...}`` under a random name); no cache key points at them, so
     nothing of hybridflow's or Prefect's reads them on a resume, and they are left alone, as are
     set-aside ``*.refused`` files. Returns how many were checked; raises ResultRecordError."""
-    folder = Path(run_dir) / "prefect-results"
+    folder = Path(run_dir) / RESULTS
     if not folder.is_dir():
         return 0
     records = sorted(p for p in folder.rglob("*")

@@ -28,6 +28,7 @@ import fsspec
 
 from hybridflow.batch import BatchRef
 from tasks.common import RunContext
+from tasks.layout import ledger_name
 from tasks.types import UpdateResult
 
 # role -> (worker update method, metric prefix)
@@ -39,7 +40,7 @@ class VersionError(RuntimeError):
 
 
 def ledger_path(run_dir: str, role: str) -> str:
-    return f"{run_dir}/updates_{role}.jsonl"
+    return f"{run_dir}/{ledger_name(role)}"
 
 
 def read_ledger(run_dir: str, role: str) -> list[dict[str, Any]]:
