@@ -4,6 +4,8 @@ The built-in dataflow, as :func:`builtin_dataflow` declares it (``hybridflow dat
 CONFIG`` prints it for a config, with the pool each node calls)::
 
     prompts ─► rollout ─► reward ‖ reference ‖ values ─► advantage ─► update_critic ‖ update_policy
+    with a rollout pool (trainer.max_staleness): the driver runs rollout ahead, and the iteration is
+               rollout ─► old_log_probs ‖ reward ─► reference ‖ values ─► advantage ─► update_* (─► weights to the rollout pool)
     with algorithm.filter_groups:  rollout ─► reward ─► filter_groups ─► reference ‖ values ─► advantage ─► ...
 
 Nodes switch off by config (no reference without KL, no values/update_critic without a critic,
@@ -28,29 +30,35 @@ from tasks.common import RunContext
 from tasks.filter_groups import filter_groups
 from tasks.reference import reference
 from tasks.reward import reward
-from tasks.rollout import rollout
+from tasks.rollout import old_log_probs, rollout
 from tasks.types import AdvantageResult, NodeResult
 from tasks.update import update_critic, update_policy
 from tasks.values import values
 
 
 def flow_inputs(cfg: ExperimentConfig) -> tuple[str, ...]:
-    """What the driver passes into each iteration: the prompts' NodeResult, the KL controller's β,
-    and the weights versions the trained roles must be at."""
-    return ("prompts", "kl_coef", "policy_version") + (("critic_version",) if cfg.needs_critic else ())
+    """What the driver passes into each iteration: the prompts' NodeResult (with a separate rollout
+    pool: the rollout's RolloutResult instead, generated ahead by the driver), the KL controller's
+    β, and the weights versions the trained roles must be at."""
+    first = "rollout" if cfg.uses_rollout_pool else "prompts"
+    return (first, "kl_coef", "policy_version") + (("critic_version",) if cfg.needs_critic else ())
 
 
 def builtin_dataflow(cfg: ExperimentConfig) -> DataFlow:
     """The iteration's nodes for ``cfg``, their edges written where they take effect."""
+    # asynchronous: the rollout is a flow input (the driver runs it ahead on the rollout pool) and
+    # old_log_probs recomputes the trainer's log-probs of it; the nodes after read those
+    trajectories = "old_log_probs" if cfg.uses_rollout_pool else "rollout"
     # DAPO dynamic sampling: every node after the filter reads the kept groups, not all of them
-    kept = "filter_groups" if cfg.algorithm.filter_groups else "rollout"
+    kept = "filter_groups" if cfg.algorithm.filter_groups else trajectories
     nodes = [
-        rollout,                                           # (prompts, policy_version) -> trajectories
+        None if cfg.uses_rollout_pool else rollout,        # (prompts, policy_version) -> trajectories
+        old_log_probs if cfg.uses_rollout_pool else None,  # (rollout, policy_version) -> + old_log_probs
         reward,                                            # (rollout) -> token_level_scores
-        filter_groups if cfg.algorithm.filter_groups else None,   # (rollout, reward) -> kept groups
+        filter_groups.wire(rollout=trajectories) if cfg.algorithm.filter_groups else None,  # -> kept groups
         reference.wire(rollout=kept) if cfg.needs_reference else None,   # -> ref_log_probs
         values.wire(rollout=kept) if cfg.needs_critic else None,         # (+ critic_version) -> values
-        advantage.wire(rollout=kept, reward=kept.replace("rollout", "reward")),
+        advantage.wire(rollout=kept, reward="filter_groups" if cfg.algorithm.filter_groups else "reward"),
         update_critic if cfg.needs_critic else None,       # (advantage, critic_version)
         update_policy,                                     # (advantage, policy_version)
     ]

@@ -124,7 +124,10 @@ class RunSession:
         return self._save_prompts(iteration, "prompts", list(indices), self.train_set)
 
     def flow_inputs(self, prompts: NodeResult) -> dict[str, Any]:
-        inputs: dict[str, Any] = {"prompts": prompts, "kl_coef": self.trainer.kl_coef,
+        """The iteration subflow's inputs (:func:`flows.iteration.flow_inputs`): ``prompts`` is the
+        prompts' NodeResult, or with a separate rollout pool the iteration's RolloutResult."""
+        first = "rollout" if self.cfg.uses_rollout_pool else "prompts"
+        inputs: dict[str, Any] = {first: prompts, "kl_coef": self.trainer.kl_coef,
                                   "policy_version": self.trainer.policy_version}
         if self.cfg.needs_critic:
             inputs["critic_version"] = self.trainer.critic_version

@@ -20,6 +20,7 @@ from prefect.runtime import flow_run as prefect_flow_run
 
 from flows.iteration import IterationResult, build_dataflow
 from flows.observe import RunObserver
+from flows.rollout_ahead import RolloutsAhead
 from flows.run_pools import run_pools
 from flows.run_state import RunSession, open_run
 from flows.tracking import Tracker, redact
@@ -199,8 +200,13 @@ def _check_update(cfg: ExperimentConfig, trainer: TrainerState, out: IterationRe
 
 
 def _checkpoint(cfg: ExperimentConfig, state: RunSession, run: RunContext, observer: RunObserver,
-                final: bool = False) -> None:
-    _submit(cfg, checkpoint, run=run, trainer_state=state.trainer_state(run.iteration).to_dict())
+                final: bool = False, ahead: RolloutsAhead | None = None) -> None:
+    """Checkpoint iteration ``run.iteration``; with rollouts in flight (``ahead``) they are waited
+    for and recorded in the trainer state, so a resume trains on them as this run would."""
+    trainer_state = state.trainer_state(run.iteration)
+    if ahead is not None:
+        trainer_state.rollouts = ahead.in_flight()
+    _submit(cfg, checkpoint, run=run, trainer_state=trainer_state.to_dict())
     state.last_checkpoint_iteration = run.iteration
     observer.checkpoint_saved(run.iteration, final=final or run.iteration == cfg.trainer.total_iterations)
 
@@ -234,18 +240,39 @@ def _open(cfg: ExperimentConfig, resume: str | None, flow_run_id: str) -> tuple[
     return state, tracker
 
 
+def _iteration_inputs(state: RunSession, ahead: RolloutsAhead | None, it: int) -> tuple[Any, dict[str, float]] | None:
+    """Iteration ``it``'s first input — its prompts, or (asynchronous) its rollout, None when dropped
+    as stale — and metrics about it; None when the data is exhausted."""
+    if ahead is None:
+        prompts = state.next_prompts(it)
+        return None if prompts is None else (prompts, {})
+    taken = ahead.take(it)
+    return None if taken is None else (taken.rollout, taken.metrics)
+
+
 def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, run: RunContext, tracker: Tracker,
-                   rewards: _RewardGuard) -> IterationResult | None:
+                   rewards: _RewardGuard, ahead: RolloutsAhead | None = None) -> IterationResult | None:
     """Iteration ``run.iteration`` as a subflow (``iteration_key``: its parent task's key), its
-    update checked and its metrics logged; None when the data is exhausted."""
+    update checked and its metrics logged; None when the data is exhausted. ``ahead``: the
+    rollouts in flight (asynchronous training), which give the iteration its rollout."""
     cfg, it = state.cfg, run.iteration
-    prompts = state.next_prompts(it)
-    if prompts is None:
+    t0 = time.perf_counter()
+    got = _iteration_inputs(state, ahead, it)
+    if got is None:
         get_run_logger().info("data exhausted after %d epochs", cfg.trainer.total_epochs)
         return None
-    t0 = time.perf_counter()
-    _key_by_iteration(iteration_key, it)  # a retried flow run files iteration k under iteration-k
-    out = iteration_flow(run=run, inputs=state.flow_inputs(prompts))
+    first, extra = got
+    if first is None:  # a stale rollout dropped (trainer.staleness_policy=drop): no update this iteration
+        out = IterationResult({}, dict(extra))
+    else:
+        _key_by_iteration(iteration_key, it)  # a retried flow run files iteration k under iteration-k
+        phase_start = time.time()
+        out = iteration_flow(run=run, inputs=state.flow_inputs(first))
+        out.metrics.update(extra)
+        if ahead is not None:
+            out.results["rollout"] = first
+            out.metrics.update(first.metrics)
+            out.metrics.update(ahead.overlap((phase_start, time.time()), first, time.perf_counter() - t0))
     out.metrics["timing_s/iteration_wall"] = time.perf_counter() - t0
     try:
         _check_update(cfg, state.trainer, out, it)
@@ -254,6 +281,22 @@ def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, r
         _log_iteration(cfg, state, it, out, tracker)
     print(state.progress_line(it, out.metrics))  # to Prefect's logs (and the console with -v)
     return out
+
+
+def _rollouts_ahead(state: RunSession, base: RunContext) -> RolloutsAhead | None:
+    """With a separate rollout pool: the schedule of rollouts in flight, submitting the rollout node
+    as a Prefect future of the train flow (so the UI shows it beside the iteration it overlaps)."""
+    if not state.cfg.uses_rollout_pool:
+        return None
+    from tasks.rollout import rollout
+
+    def submit(iteration: int, prompts: Any, version: int, key: int) -> Any:
+        run = base.with_iteration(iteration)
+        node_task = rollout.task.with_options(result_storage=result_storage_path(run.run_dir))
+        _key_by_iteration(node_task.task_key, key)
+        return node_task.submit(run=run, prompts=prompts, policy_version=version)
+
+    return RolloutsAhead(state, submit)
 
 
 def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver) -> None:
@@ -265,19 +308,20 @@ def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver) -> N
     iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
     iteration_key = _subflow_key(iteration_flow)
     base = state.context(0)
+    ahead = _rollouts_ahead(state, base)
     if cfg.trainer.val_before_train and state.start_iteration == 1:
         _validate(cfg, state, base, tracker, observer)
     for it in range(state.start_iteration, cfg.trainer.total_iterations + 1):
-        out = _run_iteration(state, iteration_flow, iteration_key, base.with_iteration(it), tracker, rewards)
+        out = _run_iteration(state, iteration_flow, iteration_key, base.with_iteration(it), tracker, rewards, ahead)
         if out is None:
             break
         observer.iteration_done(it, out.metrics)
         if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
             _validate(cfg, state, base.with_iteration(it), tracker, observer)
         if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:
-            _checkpoint(cfg, state, base.with_iteration(it), observer)
+            _checkpoint(cfg, state, base.with_iteration(it), observer, ahead=ahead)
     if state.last_iteration > state.last_checkpoint_iteration:  # data ran out before total_iterations
-        _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, final=True)
+        _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, final=True, ahead=ahead)
     if cfg.trainer.val_every and state.last_val_iteration != state.last_iteration and state.val_prompts:
         _validate(cfg, state, base.with_iteration(state.last_iteration), tracker, observer)
 

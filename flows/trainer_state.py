@@ -6,7 +6,11 @@ exactly these keys (the format since the first checkpoint; old checkpoints resum
 
     {"iteration": 7, "policy_version": 7, "critic_version": 7, "kl_coef": 0.001,
      "bad_updates_in_a_row": 0, "sampler": {...PromptSampler.state_dict()...},
-     "mlflow_run_id": "4f2c..." | null}
+     "mlflow_run_id": "4f2c..." | null,
+     "rollouts": {"8": {"prompts": {...NodeResult...}, "rollout": {...RolloutResult...}}}}
+
+``rollouts`` (asynchronous training only; absent or {} otherwise): the rollouts that were in flight
+when the checkpoint was taken, by iteration (:mod:`flows.rollout_ahead`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from workers.checkpoint import TRAINER_STATE, CheckpointError, read_trainer_state
 
-OPTIONAL_KEYS = frozenset({"mlflow_run_id"})  # a resume always read it with a default (None)
+OPTIONAL_KEYS = frozenset({"mlflow_run_id", "rollouts"})  # read with a default (None / {}): older checkpoints lack them
 
 
 class TrainerStateError(CheckpointError):
@@ -37,6 +41,7 @@ class TrainerState:
     bad_updates_in_a_row: consecutive skipped (NaN/inf) policy updates, for ``trainer.max_bad_updates``.
     sampler: ``PromptSampler.state_dict()`` ({} until a checkpoint snapshot fills it).
     mlflow_run_id: the MLflow run a resume keeps logging to (None: not known yet).
+    rollouts: the rollouts in flight at the checkpoint (asynchronous training; {} otherwise).
     """
 
     kl_coef: float
@@ -46,6 +51,7 @@ class TrainerState:
     bad_updates_in_a_row: int = 0
     sampler: dict[str, Any] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    rollouts: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The trainer_state.json object (JSON-serialisable; the sampler state is copied)."""
@@ -57,13 +63,14 @@ class TrainerState:
             "bad_updates_in_a_row": self.bad_updates_in_a_row,
             "sampler": dict(self.sampler),
             "mlflow_run_id": self.mlflow_run_id,
+            "rollouts": dict(self.rollouts),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = TRAINER_STATE) -> TrainerState:
         """Inverse of :meth:`to_dict`. ``source`` names the file in errors.
 
-        Raises TrainerStateError naming ``source`` and the key: a key other than the seven, a
+        Raises TrainerStateError naming ``source`` and the key: a key other than the eight, a
         missing one (``mlflow_run_id`` may be absent: None), or a value of the wrong type."""
         if not isinstance(data, dict):
             raise TrainerStateError(f"{source}: expected a JSON object, got {type(data).__name__}")
@@ -81,7 +88,10 @@ class TrainerState:
         mlflow_run_id = data.get("mlflow_run_id")
         if mlflow_run_id is not None and not isinstance(mlflow_run_id, str):
             raise TrainerStateError(f"{source}: key 'mlflow_run_id' is {mlflow_run_id!r}, expected str or null")
-        return cls(**{**data, "sampler": dict(data["sampler"]), "mlflow_run_id": mlflow_run_id})
+        rollouts = data.get("rollouts") or {}
+        if not isinstance(rollouts, dict):
+            raise TrainerStateError(f"{source}: key 'rollouts' is {rollouts!r}, expected an object")
+        return cls(**{**data, "sampler": dict(data["sampler"]), "mlflow_run_id": mlflow_run_id, "rollouts": rollouts})
 
     @classmethod
     def read(cls, step_dir: str | os.PathLike) -> TrainerState:

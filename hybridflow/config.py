@@ -38,7 +38,7 @@ ESTIMATORS_NEEDING_VALUES = ("gae",)
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLEstimatorName = Literal["k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs"]
-Role = Literal["policy", "reference", "critic", "reward"]
+Role = Literal["policy", "rollout", "reference", "critic", "reward"]
 
 
 class ConfigError(ValueError):
@@ -445,6 +445,18 @@ class TrainerConfig(_Section):
     plugins: list[str] = Field(
         default_factory=list, description="Modules imported first; they may register estimators, losses, nodes."
     )
+    # ---- asynchronous training (issue 20, docs/async.md) ----
+    max_staleness: int = Field(
+        0, ge=0, description="Policy versions a trajectory may lag the trainer by: 0 = the synchronous loop "
+        "(rollout waits for the update); k > 0 = the rollout of iteration j generates with the weights after "
+        "iteration j-1-k's update while the trainer updates, with up to k+1 rollouts in flight (1 = one-step "
+        "off-policy, verl's one_step_off recipe). Needs a pool with role 'rollout' apart from the policy's.",
+    )
+    staleness_policy: Literal["wait", "drop"] = Field(
+        "wait", description="A rollout older than trainer.max_staleness versions (e.g. the bound was lowered on "
+        "a resume): 'wait' = generate it again with the trainer's current weights; 'drop' = skip its update "
+        "and count its trajectories in rollout/dropped_stale.",
+    )
     # ---- resume from damaged storage (docs/reliability.md, Storage) ----
     resume_fallback: bool = Field(
         True, description="On resume, when the latest checkpoint does not match its manifest (truncated or changed "
@@ -527,7 +539,8 @@ class ExperimentConfig(_Section):
     def old_log_probs_from_rollout(self) -> bool:
         """True when old_log_probs are the rollout engine's log-probs (no recompute forward)."""
         if self.actor.old_log_probs == "auto":
-            return self.rollout.engine == "hf"
+            # a separate rollout pool's log-probs are the behaviour policy's, not the trainer's
+            return self.rollout.engine == "hf" and not self.uses_rollout_pool
         return self.actor.old_log_probs == "rollout"
 
     # ---- renamed keys --------------------------------------------------------------------------
@@ -581,9 +594,31 @@ class ExperimentConfig(_Section):
             )
         if self.needs_reference and "reference" not in roles:
             raise ValueError("KL is on (use_kl_in_reward or use_kl_loss): add role 'reference' to a pool")
+        self._check_rollout_pool()
         if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
             raise ValueError("rollout.engine=vllm needs a GPU; trainer.device=cpu")
         return self
+
+    def _check_rollout_pool(self) -> None:
+        """Asynchronous training needs the rollout role in a pool of its own (issue 20)."""
+        pools = self.placement.pools
+        where = next((n for n, p in pools.items() if "rollout" in p.roles), None)
+        if where is not None and "policy" in pools[where].roles:
+            raise ValueError(
+                f"placement.pools.{where}: roles 'rollout' and 'policy' in one pool; the rollout role is a second "
+                "copy of the policy for asynchronous training and needs a pool of its own (roles: [rollout]); "
+                "drop it to keep the colocated hybrid engine"
+            )
+        if self.trainer.max_staleness > 0 and where is None:
+            raise ValueError(
+                f"trainer.max_staleness={self.trainer.max_staleness} needs a rollout pool apart from the policy's: "
+                "add e.g. placement.pools.gen: {workers: 1, roles: [rollout]} (examples/grpo_arith_async.yaml)"
+            )
+
+    @property
+    def uses_rollout_pool(self) -> bool:
+        """True when generation runs on a ``rollout`` pool apart from the trainer (asynchronous mode)."""
+        return any("rollout" in p.roles for p in self.placement.pools.values())
 
     # ---- multi-turn rollouts (issue 16) ----
     @model_validator(mode="after")

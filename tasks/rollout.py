@@ -1,12 +1,20 @@
 """rollout node: generate n responses per prompt; old_log_probs are recomputed on the same weights,
-or taken from the engine's rollout_log_probs (``actor.old_log_probs``)."""
+or taken from the engine's rollout_log_probs (``actor.old_log_probs``).
+
+With a separate rollout pool (asynchronous training, ``trainer.max_staleness``) the rollout node
+generates there with the weights version its iteration's schedule names and returns a
+:class:`~tasks.types.RolloutResult`; the ``old_log_probs`` node then computes the trainer's
+(proximal) log-probs on the policy pool at the version the update starts from."""
 
 from __future__ import annotations
+
+import time
 
 from hybridflow.batch import Batch, BatchError
 from tasks.common import RunContext
 from tasks.node import node
 from tasks.pools import pool_of
+from tasks.types import RolloutResult
 
 
 @node(name="rollout", retries=2, roles=("policy",))
@@ -14,7 +22,11 @@ def rollout(run: RunContext, prompts: Batch, policy_version: int | None = None) 
     """prompts: one row per prompt (prompt_ids, prompt_mask, uid, ...). Returns the trajectories
     (n rows per prompt) with response_ids/mask, rollout_log_probs and old_log_probs.
     policy_version: the weights_version this iteration generates with; a policy worker that
-    restarted from an older checkpoint is first brought to it by replaying the update ledger."""
+    restarted from an older checkpoint is first brought to it by replaying the update ledger.
+    On a separate rollout pool: generated with exactly the weights of ``policy_version``
+    (:func:`rollout_on_pool`)."""
+    if run.cfg().uses_rollout_pool:
+        return rollout_on_pool(run, prompts, policy_version or 0)
     policy = pool_of(run, "policy", at_version=policy_version)
     trajectories = policy.generate_sequences(prompts, seed=run.node_seed("rollout"))
     if run.cfg().old_log_probs_from_rollout:
@@ -32,3 +44,29 @@ def policy_log_probs_from_rollout(batch: Batch) -> Batch:
     out = batch.shallow_copy()
     out.set("old_log_probs", batch["rollout_log_probs"].float().masked_fill(~batch["response_mask"], 0.0))
     return out
+
+
+def rollout_on_pool(run: RunContext, prompts: Batch, version: int) -> tuple[Batch, RolloutResult]:
+    """Generate on the rollout pool with the policy weights of ``version`` (published by the update
+    nodes, :func:`tasks.weight_sync.rollout_weights_at`). Every trajectory carries
+    ``rollout_version`` = ``version``; old_log_probs are left to the ``old_log_probs`` node."""
+    from tasks.weight_sync import rollout_weights_at
+
+    engine = pool_of(run, "rollout")
+    rollout_weights_at(run, engine, version)
+    trajectories = engine.generate_sequences(prompts, seed=run.node_seed("rollout"))
+    finished = time.time()
+    generating_s = trajectories.meta.get("metrics", {}).get("timing_s/gen", 0.0)  # the engine's own time
+    return trajectories, RolloutResult(node="rollout", rollout_version=version, started_at=finished - generating_s,
+                                       finished_at=finished)
+
+
+@node(name="old_log_probs", retries=2, roles=("policy",))
+def old_log_probs(run: RunContext, rollout: Batch, policy_version: int | None = None) -> Batch:
+    """The trainer's log-probs of a rollout generated on the rollout pool: ``old_log_probs`` [B, R]
+    float32 on the policy weights of ``policy_version`` (the proximal policy of the update that
+    follows; rollout_log_probs stay the behaviour policy's). ``actor.old_log_probs=rollout``:
+    the behaviour log-probs are used as they are."""
+    if run.cfg().old_log_probs_from_rollout:
+        return policy_log_probs_from_rollout(rollout)
+    return pool_of(run, "policy", at_version=policy_version).compute_log_probs(rollout)

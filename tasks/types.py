@@ -1,7 +1,7 @@
 """What nodes return: small frozen types, in the manner of torchtune's ``rlhf/_types.py``.
 
 Prefect carries these between tasks and stores them (``<run_dir>/prefect-results/<cache key>``)
-with :class:`tasks.serializer.NodeResultSerializer`: plain JSON of one fixed shape, read back into one of the three
+with :class:`tasks.serializer.NodeResultSerializer`: plain JSON of one fixed shape, read back into one of the four
 types below by a fixed table (never a class named by the file; ``tasks.results`` checks a record
 before Prefect reads it). The batch a result names lives in the run directory
 (``iter_000007/<node>.safetensors`` + ``.json``), never in the result.
@@ -13,6 +13,8 @@ before Prefect reads it). The batch a result names lives in the run directory
 - :class:`UpdateResult` — an update node adds ``applied`` (False: every optimizer step of the
   update was skipped for a NaN/inf loss or gradient) and ``version`` (the pool's weights_version
   after the update).
+- :class:`RolloutResult` — a rollout of a separate rollout pool adds ``rollout_version`` (the
+  weights that generated it) and when it ran (``started_at`` / ``finished_at``).
 """
 
 from __future__ import annotations
@@ -117,7 +119,21 @@ class UpdateResult(NodeResult):
     version: int = 0
 
 
-RESULT_TYPES: dict[str, type[NodeResult]] = {t.kind: t for t in (NodeResult, AdvantageResult, UpdateResult)}
+@dataclass(frozen=True, kw_only=True)
+class RolloutResult(NodeResult):
+    """A rollout generated on a separate rollout pool (asynchronous training): ``rollout_version``
+    (the policy weights_version that generated every trajectory of it), ``started_at`` /
+    ``finished_at`` (Unix seconds: when the engine started and finished generating it, for the
+    overlap metric)."""
+
+    kind: ClassVar[str] = "rollout"
+    rollout_version: int = 0
+    started_at: float = 0.0
+    finished_at: float = 0.0
 
 
-__all__ = ["NodeResult", "AdvantageResult", "UpdateResult", "RESULT_TYPES"]
+RESULT_TYPES: dict[str, type[NodeResult]] = {
+    t.kind: t for t in (NodeResult, AdvantageResult, UpdateResult, RolloutResult)}
+
+
+__all__ = ["NodeResult", "AdvantageResult", "UpdateResult", "RolloutResult", "RESULT_TYPES"]

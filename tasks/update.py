@@ -20,7 +20,12 @@ from tasks.versions import apply_update
 def _run_update(run: RunContext, role: str, advantage: NodeResult, expected_version: int) -> UpdateResult:
     if advantage.ref is None:
         raise ValueError(f"update_{role}: the advantage node returned no batch")
-    result = apply_update(run, role, pool_of(run, role), advantage.ref, expected_version)
+    handle = pool_of(run, role)
+    result = apply_update(run, role, handle, advantage.ref, expected_version)
+    if role == "policy" and result.applied and run.cfg().uses_rollout_pool:  # asynchronous training
+        from tasks.weight_sync import publish_weights
+
+        result = result.with_metrics(publish_weights(run, handle, result.version))
     get_run_logger().info("%s update at version %d%s: %s", role, expected_version,
                           "" if result.applied else " (skipped: NaN/inf)",
                           ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())[:10]))

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 ROLE_CLASSES = {
     "policy": "workers.policy:PolicyWorker",
+    "rollout": "workers.rollout_worker:RolloutWorker",
     "reference": "workers.reference:ReferenceWorker",
     "critic": "workers.critic:CriticWorker",
     "reward": "workers.reward:RewardWorker",

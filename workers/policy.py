@@ -15,8 +15,6 @@ logits / ``rollout.temperature`` as the rollout reports them.
 
 from __future__ import annotations
 
-import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +25,14 @@ from hybridflow.algorithms import (
     get_policy_loss,
     kl_loss,
     masked_sum,
-    position_ids_from_mask,
 )
 from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
-from hybridflow.metric_names import METRIC_NAMES
 from workers import checkpoint as C
 from workers import distributed as D
 from workers import shared_prefix
 from workers.dispatch import dispatch
+from workers.generation import RANK_SEED_STRIDE, Generation  # noqa: F401 (RANK_SEED_STRIDE re-exported)
 from workers.log_probs import LogprobGap, sequence_log_probs
 from workers.micro_batches import chunked_inference, disable_dropout
 from workers.rollout.multi_turn import MultiTurnRollout
@@ -47,7 +44,6 @@ from workers.training import (
     VersionMismatchError,
 )
 
-RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride
 POLICY_DIR, POLICY_OPTIM_DIR = "policy", "policy_optim"
 
 
@@ -71,7 +67,7 @@ def check_versions_agree(version: int, role: str) -> None:
         )
 
 
-class PolicyWorker:
+class PolicyWorker(Generation):
     """Policy rollout + training on one data-parallel rank (see the module docstring).
 
     cfg: the experiment config. rank/world_size: this rank of the policy pool; with
@@ -104,6 +100,7 @@ class PolicyWorker:
         self._gap: LogprobGap | None = None
         self._gap_before_step = 0
         self._multi_turn = MultiTurnRollout.from_config(self.engine, self.tokenizer, cfg) if cfg.rollout.is_multi_turn else None
+        self._published: dict[int, tuple[Any, int, int]] = {}  # version -> (ObjectRef, tensors, bytes)
         self._sync_rollout_weights()
 
     def _optim_settings(self) -> OptimSettings:
@@ -143,61 +140,7 @@ class PolicyWorker:
         """LoRA is on and the engine takes adapters: its base weights stay those it loaded."""
         return self.cfg.model.lora_rank > 0 and hasattr(self.engine, "load_lora_adapter")
 
-    # ---- dataflow steps ------------------------------------------------------------------------
-    @dispatch("dp_scatter")
-    def generate_sequences(self, batch: Batch, *, seed: int, validate: bool = False) -> Batch:
-        """One row per prompt → ``n`` rows per prompt (prompt-major) with the response fields.
-
-        Input: prompt_ids, prompt_mask; non-tensors (uid, data_source, ground_truth, extra_info,
-        raw_prompt, ...) are repeated. n = rollout.samples_per_prompt (training) or
-        val_samples_per_prompt at val_temperature (``validate``). Adds response_ids,
-        response_mask, rollout_log_probs, position_ids, finish_reason, response_length;
-        meta: weights_version, metrics (timing_s/gen, response_length/*). Deterministic given
-        ``seed`` (rank r uses seed + r·1000003).
-        """
-        from workers.rollout.base import sampling_params_from_config
-
-        start = time.perf_counter()
-        sampling = sampling_params_from_config(
-            self.cfg.rollout, self.stop_ids, validation=validate, seed=seed + RANK_SEED_STRIDE * self.rank
-        )
-        self.engine.wake_up()
-        try:
-            if self._multi_turn is not None:  # tools / environment: workers/rollout/multi_turn.py
-                out = self._multi_turn.generate(batch, sampling)
-            else:
-                out = self.engine.generate(batch["prompt_ids"], batch["prompt_mask"], sampling)
-        finally:
-            self.engine.sleep()
-        rows = batch.repeat_interleave(sampling.n)
-        for key, value in [*out.tensors().items(), *getattr(out, "non_tensors", {}).items()]:
-            rows.set(key, value.cpu() if isinstance(value, Tensor) else value)
-        attn = shared_prefix.attention_mask(rows)
-        rows.set("position_ids", position_ids_from_mask(attn))
-        lengths = rows["response_mask"].sum(-1)
-        rows.set("finish_reason", list(out.finish_reason))
-        rows.set("response_length", lengths.tolist())
-        rows.meta["weights_version"] = self.versions.weights_version
-        n = 0 if is_padding(batch) else len(rows)  # a padding stand-in counts for nothing
-        rows.meta["metrics"] = self._generation_metrics(lengths[:n], out.finish_reason[:n], time.perf_counter() - start)
-        rows.meta["metrics"].update(getattr(out, "metrics", {}))  # multi-turn: already without padding
-        return rows
-
-    def _generation_metrics(self, lengths: Tensor, finish: list[str], seconds: float) -> dict[str, float]:
-        n_len = sum(r == "length" for r in finish)
-        sums = D.all_reduce_sum(torch.tensor([float(lengths.sum()), float(len(lengths)), float(n_len)],
-                                             dtype=torch.float64))
-        hi, neg_lo = (float(lengths.max()), -float(lengths.min())) if len(lengths) else (-math.inf, -math.inf)
-        maxes = D.all_reduce_max(torch.tensor([hi, neg_lo, seconds], dtype=torch.float64))
-        rows = max(float(sums[1]), 1.0)
-        return {
-            METRIC_NAMES["rollout_time_s"]: float(maxes[2]),
-            "response_length/mean": float(sums[0]) / rows,
-            "response_length/max": float(maxes[0]),
-            "response_length/min": -float(maxes[1]),
-            "response_length/clip_ratio": float(sums[2]) / rows,
-        }
-
+    # ---- dataflow steps (generate_sequences: workers.generation.Generation) ----------------------
     @dispatch("dp_scatter")
     def compute_log_probs(self, batch: Batch) -> Batch:
         """Adds ``old_log_probs`` [B, R] float32 (current weights, logits / rollout.temperature).
@@ -297,6 +240,47 @@ class PolicyWorker:
             loss = loss + a.kl_loss_coef * kl
             terms["kl_loss"] = float(kl.detach())
         return MicroResult(loss, terms, m)
+
+    @property
+    def weights_version(self) -> int:
+        return self.versions.weights_version
+
+    # ---- weights to a separate rollout pool (asynchronous training, workers.rollout_worker) ------
+    @dispatch("rank_zero")
+    def publish_weights(self, *, keep: int) -> dict[str, Any] | None:
+        """Put the current weights in Ray's object store, tagged with ``weights_version`` (rank 0
+        only: ``rank_zero`` dispatch). CPU tensors: the full state dict of the unsharded module, or
+        with LoRA only its trainable (adapter) tensors. The ``keep`` newest versions stay referenced
+        here, so a rollout rank that restarted can still fetch them (:meth:`published_weights`).
+        Returns ``{"version": int, "refs": [ObjectRef], "tensors": int, "bytes": int}``."""
+        import ray
+
+        if self.rank != 0:
+            return None
+        version = self.versions.weights_version
+        if version not in self._published:
+            module = self.inference_module
+            trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+            state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()
+                     if self.cfg.model.lora_rank == 0 or k in trainable}
+            self._published[version] = (ray.put(state), len(state), sum(t.numel() * t.element_size() for t in state.values()))
+            for old in sorted(self._published)[:-keep]:
+                del self._published[old]
+        ref, n, size = self._published[version]
+        return {"version": version, "refs": [ref], "tensors": n, "bytes": size}
+
+    @dispatch("rank_zero")
+    def published_weights(self, version: int) -> dict[str, Any] | None:
+        """The weights of ``version`` as :meth:`publish_weights` returned them (rank 0; published now
+        when ``version`` is the current one), or None when they are no longer (or not yet) kept."""
+        if self.rank != 0:
+            return None
+        if version == self.versions.weights_version:
+            return self.publish_weights(keep=max(len(self._published) + 1, 2))
+        if version not in self._published:
+            return None
+        ref, n, size = self._published[version]
+        return {"version": version, "refs": [ref], "tensors": n, "bytes": size}
 
     # ---- versions and checkpoints --------------------------------------------------------------
     @dispatch("broadcast")

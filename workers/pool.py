@@ -39,7 +39,7 @@ from workers.pool_errors import root_cause as _root_cause
 from workers.pool_events import append_event, lost_ranks, pool_events_path, read_pool_events, weights_digest  # noqa: F401 (re-exported)
 
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
-ROLE_ORDER = ("policy", "reference", "critic", "reward")
+ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward")
 
 
 def namespace_for(run_id: str) -> str:
@@ -122,7 +122,7 @@ class WorkerHost:
         if path is None:
             return
         for role, worker in self.workers.items():
-            if hasattr(worker, "load_checkpoint") and role in ("policy", "critic"):
+            if hasattr(worker, "load_checkpoint") and role in ("policy", "rollout", "critic"):
                 worker.load_checkpoint(path)
         self.restored_from = path
 
@@ -287,6 +287,8 @@ def _spawn_ranks(cfg: ExperimentConfig, name: str, namespace: str, pg: Any, ckpt
             num_gpus=pool_cfg.gpus_per_worker,
             max_restarts=max_restarts,
             max_task_retries=0,
+            # a rollout rank takes the next weights (receive_weights) while it generates
+            max_concurrency=2 if "rollout" in pool_cfg.roles else 1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
         ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads)

@@ -1,0 +1,148 @@
+"""Rollouts ahead of the trainer: the driver's side of asynchronous training (docs/async.md).
+
+With a separate rollout pool the train flow keeps up to ``trainer.max_staleness + 1`` rollout
+nodes in flight as Prefect futures. Before iteration k trains, the rollouts of iterations
+k … k + s (s = max_staleness) are submitted; each new one is generated with the policy weights
+the trainer has at that moment (``policy_version`` after iteration k−1's update), so the rollout
+of iteration j always uses the weights after iteration j−1−s's update — a fixed schedule, which
+a resumed run replays exactly::
+
+    iteration k:   rollout(k+s, weights v_{k-1})  ‖  old_log_probs ‖ reward … ─► update(k) ─► publish v_k
+
+A rollout older than the bound when its iteration trains (``policy_version − rollout_version >
+max_staleness``, e.g. the bound was lowered on a resume) is never trained on:
+``trainer.staleness_policy`` ``wait`` generates it again with the current weights, ``drop`` skips
+the iteration's update and counts its trajectories (``rollout/dropped_stale``).
+
+A checkpoint after iteration c waits for the rollouts in flight (c+1 … c+s) and records them
+(prompts and result refs) in ``trainer_state.json`` under ``rollouts``; a resume takes them from
+there — they were generated with weights older than the checkpoint's — and goes on with the
+same schedule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import get_run_logger
+
+from tasks.types import NodeResult, RolloutResult
+
+REGENERATE_KEY_OFFSET = 1_000_000  # Prefect dynamic key of a regenerated (stale) rollout: iteration + this
+
+
+@dataclass
+class _Ahead:
+    prompts: NodeResult
+    version: int
+    submitted_at: float
+    future: Any = None
+    result: RolloutResult | None = None
+
+    def wait(self) -> RolloutResult:
+        if self.result is None:
+            self.result = NodeResult.of(self.future.result())
+            if not isinstance(self.result, RolloutResult):
+                raise TypeError(f"the rollout node returned {type(self.result).__name__}, not a RolloutResult")
+        return self.result
+
+
+@dataclass
+class Taken:
+    """What :meth:`RolloutsAhead.take` gives an iteration: the rollout to train on (None: dropped
+    as stale) and the staleness metrics."""
+
+    rollout: RolloutResult | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutsAhead:
+    """The rollouts in flight (see the module docstring). ``submit(iteration, prompts, version,
+    key)`` submits the rollout node and returns its Prefect future; ``state``: the RunSession
+    (prompts, the trainer's versions, the bound)."""
+
+    def __init__(self, state: Any, submit: Callable[..., Any]):
+        self.state, self.submit = state, submit
+        self.bound = state.cfg.trainer.max_staleness
+        self.ahead: dict[int, _Ahead] = {}
+        self.exhausted = False
+        self.trainer_phases: list[tuple[float, float]] = []
+        for it, rec in sorted((int(k), v) for k, v in state.trainer.rollouts.items()):  # from the checkpoint
+            result = NodeResult.of(rec["rollout"])
+            self.ahead[it] = _Ahead(NodeResult.of(rec["prompts"]), result.rollout_version, 0.0, result=result)
+        state.trainer.rollouts = {}
+
+    # ---- the schedule ----
+    def fill(self, iteration: int) -> None:
+        """Submit the rollouts of ``iteration`` … ``iteration + max_staleness`` not yet in flight,
+        with the trainer's current policy version (until the data or total_iterations runs out)."""
+        last = min(iteration + self.bound, self.state.cfg.trainer.total_iterations)
+        for j in range(iteration, last + 1):
+            if j in self.ahead or self.exhausted:
+                continue
+            prompts = self.state.next_prompts(j)
+            if prompts is None:
+                self.exhausted = True
+                return
+            version = self.state.trainer.policy_version
+            self.ahead[j] = _Ahead(prompts, version, time.time(), self.submit(j, prompts, version, j))
+
+    def take(self, iteration: int) -> Taken | None:
+        """Iteration ``iteration``'s rollout, waited for and checked against the bound (None: the
+        data ran out before it)."""
+        self.fill(iteration)
+        entry = self.ahead.pop(iteration, None)
+        if entry is None:
+            return None
+        rollout = entry.wait()
+        current = self.state.trainer.policy_version
+        staleness = current - rollout.rollout_version
+        metrics = {"rollout/staleness/mean": float(staleness), "rollout/staleness/max": float(staleness),
+                   "rollout/weights_version": float(rollout.rollout_version), "rollout/dropped_stale": 0.0}
+        if staleness <= self.bound:
+            return Taken(rollout, metrics)
+        log = get_run_logger()
+        if self.state.cfg.trainer.staleness_policy == "drop":
+            rows = rollout.ref.rows if rollout.ref is not None else 0
+            log.warning("iteration %d: rollout of weights v%d is %d versions behind the trainer (max_staleness=%d): "
+                        "dropped %d trajectories", iteration, rollout.rollout_version, staleness, self.bound, rows)
+            return Taken(None, {**metrics, "rollout/dropped_stale": float(rows)})
+        log.warning("iteration %d: rollout of weights v%d is %d versions behind the trainer (max_staleness=%d): "
+                    "generating it again with v%d", iteration, rollout.rollout_version, staleness, self.bound, current)
+        fresh = _Ahead(entry.prompts, current, time.time(),
+                       self.submit(iteration, entry.prompts, current, iteration + REGENERATE_KEY_OFFSET))
+        rollout = fresh.wait()
+        return Taken(rollout, {**metrics, "rollout/staleness/mean": 0.0, "rollout/staleness/max": 0.0,
+                               "rollout/weights_version": float(rollout.rollout_version),
+                               "rollout/regenerated_stale": float(rollout.ref.rows if rollout.ref else 0)})
+
+    def in_flight(self) -> dict[str, dict[str, Any]]:
+        """Wait for every rollout in flight and return them as the checkpoint records them:
+        ``{iteration: {"prompts": NodeResult json, "rollout": RolloutResult json}}``."""
+        return {str(j): {"prompts": e.prompts.to_json(), "rollout": e.wait().to_json()}
+                for j, e in sorted(self.ahead.items())}
+
+    # ---- the overlap metric ----
+    def overlap(self, phase: tuple[float, float], taken: RolloutResult | None, wall_s: float) -> dict[str, float]:
+        """``async/overlap_fraction``: the share of the iteration's wall time (``wall_s``) in which the
+        rollout pool generated while the trainer's nodes of the iteration ran (``phase``: their start
+        and end, Unix seconds). Generation intervals: finished rollouts' own (RolloutResult started_at … finished_at);
+        one still running counts from when it could start (submitted, and the rollout before it done)."""
+        busy = 0.0
+        previous_end = taken.finished_at if taken is not None else 0.0
+        for _, e in sorted(self.ahead.items()):
+            if e.result is None and e.future is not None and e.future.state.is_completed():
+                e.wait()
+            if e.result is not None:
+                start, end = e.result.started_at, e.result.finished_at
+            else:
+                start, end = max(e.submitted_at, previous_end), phase[1]
+            busy += max(0.0, min(end, phase[1]) - max(start, phase[0]))
+            previous_end = end
+        return {"async/overlap_s": busy, "async/overlap_fraction": busy / wall_s if wall_s > 0 else 0.0}
+
+
+__all__ = ["RolloutsAhead", "Taken"]

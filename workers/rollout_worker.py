@@ -1,0 +1,147 @@
+"""RolloutWorker: the ``rollout`` role — a generation-only copy of the policy for asynchronous
+training (``trainer.max_staleness``, docs/async.md).
+
+The trainer (the ``policy`` role, another pool) publishes its weights after every applied update
+(:meth:`workers.policy.PolicyWorker.publish_weights`: CPU tensors put in Ray's object store,
+tagged with their ``weights_version``). The update node hands the object refs to every rank of
+this role (:meth:`receive_weights`), which keeps them in an inbox by version — while it may be
+generating with older weights on another thread of its actor (the rollout pool's actors run two
+calls at once). A generation asks for one exact version (:meth:`use_weights`): the weights of
+that version are loaded from the inbox (older entries are evicted) before the engine runs, so
+the schedule of versions, and with it the run, is deterministic.
+
+Weights travel as plain tensors: the full state dict, or with LoRA (``model.lora_rank > 0``) only
+the trainable adapter tensors (the base weights of both copies are the same initial model).
+Sources: verl ``recipe/one_step_off_policy`` (a separate rollout worker group synced after each
+update), AReaL's decoupled rollout workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridflow.config import ExperimentConfig
+from workers import checkpoint as C
+from workers.dispatch import dispatch
+from workers.generation import Generation
+from workers.policy import POLICY_DIR, POLICY_OPTIM_DIR, build_policy_module
+from workers.rollout.multi_turn import MultiTurnRollout
+
+
+class WeightsUnavailable(RuntimeError):
+    """The weights version a generation needs is neither loaded nor in the inbox."""
+
+
+class RolloutWorker(Generation):
+    """Generation on one rank of the rollout pool (see the module docstring).
+
+    cfg: the experiment config; rank/world_size: this rank of the rollout pool; device: "cpu" / "cuda".
+    """
+
+    def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+        from hybridflow.models import load_tokenizer, tokenizer_stop_ids
+        from workers.rollout.base import get_rollout_engine
+
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device = torch.device(device)
+        self.tokenizer = load_tokenizer(cfg.model)
+        self.stop_ids = tokenizer_stop_ids(self.tokenizer)
+        self.inference_module = build_policy_module(cfg, self.device)  # version 0: the trainer's initial weights
+        self.inference_module.eval()
+        self.engine = get_rollout_engine(cfg.rollout.engine).from_config(
+            model=self.inference_module, tokenizer=self.tokenizer, model_cfg=cfg.model,
+            rollout_cfg=cfg.rollout, device=self.device,
+        )
+        self._multi_turn = MultiTurnRollout.from_config(self.engine, self.tokenizer, cfg) if cfg.rollout.is_multi_turn else None
+        self.weights_version = 0
+        self._inbox: dict[int, dict[str, torch.Tensor]] = {}
+        self._lock = threading.Lock()  # one generation or weights load at a time; receive_weights runs beside
+        self._inbox_lock = threading.Lock()
+
+    # ---- weights ---------------------------------------------------------------------------
+    @dispatch("broadcast")
+    def receive_weights(self, refs: list[Any], *, version: int, keep: int) -> int:
+        """Store the weights ``version`` (``refs``: ``[ObjectRef]`` of a tensor dict, as
+        :meth:`PolicyWorker.publish_weights` returns it) in the inbox, keeping the ``keep`` newest.
+        Runs while a generation may be in progress. Returns the number of tensors received."""
+        import ray
+
+        state = ray.get(refs[0])
+        with self._inbox_lock:
+            self._inbox[version] = state
+            for old in sorted(self._inbox)[:-keep]:
+                del self._inbox[old]
+        return len(state)
+
+    @dispatch("broadcast")
+    def inbox_versions(self) -> list[int]:
+        """The weights versions held in the inbox, ascending."""
+        with self._inbox_lock:
+            return sorted(self._inbox)
+
+    @dispatch("broadcast")
+    def use_weights(self, version: int) -> int:
+        """Generate with the weights of ``version`` from now on: loaded from the inbox unless they are
+        loaded already; inbox entries older than it are dropped. Raises WeightsUnavailable naming the
+        version and what the inbox holds. Returns the version."""
+        with self._lock:
+            if version == self.weights_version:
+                return version
+            with self._inbox_lock:
+                state = self._inbox.get(version)
+            if state is None:
+                raise WeightsUnavailable(
+                    f"rollout rank {self.rank}: weights version {version} is not in the inbox "
+                    f"(holds {sorted(self._inbox)}; loaded: {self.weights_version})")
+            self._load(state, where=f"published policy weights v{version}")
+            self.weights_version = version
+            with self._inbox_lock:
+                for old in [v for v in self._inbox if v < version]:
+                    del self._inbox[old]
+            return version
+
+    def _load(self, state: dict[str, torch.Tensor], where: str) -> None:
+        full = self.inference_module.state_dict()
+        if self.cfg.model.lora_rank > 0:  # adapters only: the base is the initial model on both sides
+            state = {**full, **state}
+        C.load_weights_strict(self.inference_module, state, where=where)
+        if getattr(self.engine, "model", None) is not self.inference_module:
+            from hybridflow.models import merged_named_tensors
+
+            self.engine.wake_up()
+            self.engine.load_weights(merged_named_tensors(self.inference_module))
+
+    @dispatch("dp_scatter")
+    def generate_sequences(self, batch: Any, *, seed: int, validate: bool = False) -> Any:
+        """:meth:`workers.generation.Generation.generate_sequences` on the loaded weights version."""
+        with self._lock:
+            return super().generate_sequences(batch, seed=seed, validate=validate)
+
+    # ---- versions and checkpoints ------------------------------------------------------------
+    @dispatch("broadcast")
+    def get_weights_version(self) -> int:
+        """The weights_version this rank generates with."""
+        return self.weights_version
+
+    @dispatch("broadcast")
+    def load_checkpoint(self, path: str) -> None:
+        """Load the policy's weights and weights_version from checkpoint folder ``path`` (what the
+        policy pool wrote: ``policy/`` HF folder, ``policy_optim/rank_0``); the inbox is emptied.
+        Raises CheckpointError when files are missing."""
+        root = Path(path)
+        state = C.load_state(root / POLICY_OPTIM_DIR / "rank_0")
+        if self.cfg.model.lora_rank > 0:
+            weights = state["trainable"]
+        else:
+            weights = C.read_safetensors_folder(root / POLICY_DIR)
+        with self._lock:
+            self._load(weights, where=str(root / POLICY_DIR))
+            self.weights_version = int(state["versions"]["weights_version"])
+            self._inbox.clear()
+
+
+__all__ = ["RolloutWorker", "WeightsUnavailable"]
