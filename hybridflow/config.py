@@ -260,7 +260,26 @@ class ActorConfig(_Section):
         description="Where old_log_probs come from: 'recompute' = a trainer forward pass after rollout "
         "(verl's default); 'rollout' = the rollout engine's own log-probs (saves that forward; the "
         "rollout-vs-trainer gap is then measured on the first mini-batch of the update); 'auto' = "
-        "'rollout' for the in-process hf engine (same weights and precision: |diff| < 1e-4), else 'recompute'.",
+        "'rollout' for the in-process hf engine (same weights and precision: |diff| < 1e-4), else 'recompute' "
+        "(always 'recompute' with a rollout_correction).",
+    )
+    rollout_correction: Literal["none", "tis", "decoupled"] = Field(
+        "none",
+        description="Off-policy correction of the policy loss by the behaviour (rollout) log-probs, per token "
+        "(hybridflow/algorithms/rollout_correction.py): 'tis' = truncated importance sampling, weight "
+        "min(π_old/π_rollout, tis_threshold), detached (verl algorithm.rollout_correction rollout_is='token', "
+        "slime --use-tis); 'decoupled' = AReaL's decoupled PPO (Fu et al. 2025, arXiv:2505.24298): the "
+        "recomputed old_log_probs are the proximal policy, weight π_prox/π_rollout (behav_weight_cap). "
+        "Needs rollout_log_probs and recomputed old_log_probs.",
+    )
+    tis_threshold: float = Field(
+        2.0, gt=0, description="Truncation C of rollout_correction='tis' (verl rollout_is_threshold, default 2)."
+    )
+    behav_weight_cap: float | None = Field(
+        None, gt=0,
+        description="rollout_correction='decoupled' only: tokens whose weight π_prox/π_rollout exceeds it get "
+        "weight 0 (AReaL behav_imp_weight_cap: rejected, not truncated; they still count in the loss "
+        "normaliser). None = no cap.",
     )
 
 
@@ -539,8 +558,9 @@ class ExperimentConfig(_Section):
     def old_log_probs_from_rollout(self) -> bool:
         """True when old_log_probs are the rollout engine's log-probs (no recompute forward)."""
         if self.actor.old_log_probs == "auto":
-            # a separate rollout pool's log-probs are the behaviour policy's, not the trainer's
-            return self.rollout.engine == "hf" and not self.uses_rollout_pool
+            # a correction, or a separate rollout pool (behaviour log-probs), needs the trainer's own
+            needs_proximal = self.actor.rollout_correction != "none" or self.uses_rollout_pool
+            return self.rollout.engine == "hf" and not needs_proximal
         return self.actor.old_log_probs == "rollout"
 
     # ---- renamed keys --------------------------------------------------------------------------
@@ -595,6 +615,17 @@ class ExperimentConfig(_Section):
         if self.needs_reference and "reference" not in roles:
             raise ValueError("KL is on (use_kl_in_reward or use_kl_loss): add role 'reference' to a pool")
         self._check_rollout_pool()
+        corr = self.actor.rollout_correction
+        if corr != "none" and self.actor.old_log_probs == "rollout":
+            raise ValueError(
+                f"actor.rollout_correction={corr} needs recomputed old_log_probs but actor.old_log_probs=rollout "
+                "makes them the rollout log-probs (weight 1 everywhere): set actor.old_log_probs=auto or recompute"
+            )
+        if self.actor.behav_weight_cap is not None and corr != "decoupled":
+            raise ValueError(
+                f"actor.behav_weight_cap is set but actor.rollout_correction={corr}: the cap applies to "
+                "rollout_correction=decoupled only"
+            )
         if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
             raise ValueError("rollout.engine=vllm needs a GPU; trainer.device=cpu")
         return self

@@ -28,6 +28,11 @@ METRIC_NAMES: dict[str, str] = {
     "policy_update_skipped": "actor/update_skipped",
     "policy_weights_version": "actor/weights_version",
     "policy_kl_coef": "actor/kl_coef",
+    # off-policy correction (actor.rollout_correction; verl's rollout_corr names): the weight
+    # π_old/π_rollout over the update's valid tokens before truncation or cap, and the share truncated/capped
+    "importance_weight_mean": "rollout_corr/rollout_is_mean",
+    "importance_weight_max": "rollout_corr/rollout_is_max",
+    "importance_weight_clipped_fraction": "rollout_corr/rollout_is_ratio_fraction_high",
     # the advantage node: the score of each sequence, the KL coefficient of the next iteration
     "sequence_score": "critic/score",
     "kl_coef_next": "critic/kl_coef_next",

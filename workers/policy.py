@@ -25,7 +25,9 @@ from hybridflow.algorithms import (
     get_policy_loss,
     kl_loss,
     masked_sum,
+    rollout_correction_weights,
 )
+from hybridflow.algorithms.rollout_correction import IS_MAX
 from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
 from workers import checkpoint as C
@@ -176,10 +178,13 @@ class PolicyWorker(Generation):
     def update_policy(self, batch: Batch, *, expected_version: int, batch_id: str) -> dict[str, float]:
         """Exactly-once policy update (see :class:`workers.training.VersionedUpdates`).
 
-        Needs response_mask, old_log_probs, advantages (+ ref_log_probs with actor.use_kl_loss).
+        Needs response_mask, old_log_probs, advantages (+ ref_log_probs with actor.use_kl_loss,
+        + rollout_log_probs with actor.rollout_correction).
         Returns metrics with verl names, averaged over ranks: actor/pg_loss, actor/pg_clipfrac,
         actor/pg_clipfrac_lower, actor/ppo_kl, actor/entropy, actor/kl_loss, actor/grad_norm,
-        actor/lr, actor/bad_updates, actor/update_skipped, perf/total_num_tokens, timing_s/update_actor.
+        actor/lr, actor/bad_updates, actor/update_skipped, perf/total_num_tokens, timing_s/update_actor;
+        with a rollout correction rollout_corr/rollout_is_mean and _ratio_fraction_high (token
+        means) and rollout_corr/rollout_is_max (max over micro-batches and ranks).
         Raises VersionMismatchError, or BatchError for a missing field.
         """
         check_versions_agree(self.versions.weights_version, "policy")
@@ -191,6 +196,12 @@ class PolicyWorker(Generation):
         missing = [k for k in needed if k not in batch]
         if missing:
             raise BatchError(f"update_policy: batch lacks {missing} (has {batch.keys()})")
+        if a.rollout_correction != "none" and "rollout_log_probs" not in batch:
+            raise BatchError(
+                f"update_policy: actor.rollout_correction={a.rollout_correction} needs rollout_log_probs (the "
+                f"behaviour policy's log-probs), which rollout.engine={self.cfg.rollout.engine} did not put in the "
+                f"batch (has {batch.keys()})"
+            )
         self.model.train()
         # old_log_probs from the rollout engine: measure the engine-vs-trainer gap for free on the
         # micro-batches that run before the first optimizer step (weights still those of rollout)
@@ -224,12 +235,15 @@ class PolicyWorker(Generation):
         mask = mb["response_mask"].to(dev)
         if self._gap is not None and self.optim.steps_applied == self._gap_before_step and not self._padding:
             self._gap.add(lp, mb["rollout_log_probs"], mask)
+        old = mb["old_log_probs"].to(dev)
+        correction, corr_metrics = self._correction(old, mb, mask)
         loss, m = self.policy_loss(
-            lp, mb["old_log_probs"].to(dev), mb["advantages"].to(dev), mask,
+            lp, old, mb["advantages"].to(dev), mask,
             clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
-            **plan.loss_kwargs,
+            **plan.loss_kwargs, **correction,
         )
-        m = dict(m)
+        m = dict(m) | corr_metrics
+        maxima = {k: m.pop(k) for k in [IS_MAX] if k in m}
         terms = {"pg_loss": m.pop("pg_loss")}
         entropy = plan.aggregate(ent, mask)
         terms["entropy"] = float(entropy.detach())
@@ -239,7 +253,19 @@ class PolicyWorker(Generation):
             kl = kl_loss(lp, mb["ref_log_probs"].to(dev), mask, a.kl_loss_type, **plan.loss_kwargs)
             loss = loss + a.kl_loss_coef * kl
             terms["kl_loss"] = float(kl.detach())
-        return MicroResult(loss, terms, m)
+        return MicroResult(loss, terms, m, maxima)
+
+    def _correction(self, old: Tensor, mb: Batch, mask: Tensor) -> tuple[dict[str, Tensor], dict[str, float]]:
+        """The policy loss's ``token_weights`` option and its metrics for ``actor.rollout_correction``
+        ({} and {} for "none": the loss runs exactly as without a correction)."""
+        a = self.cfg.actor
+        if a.rollout_correction == "none":
+            return {}, {}
+        weights, metrics = rollout_correction_weights(
+            old, mb["rollout_log_probs"], mask, a.rollout_correction,
+            tis_threshold=a.tis_threshold, behav_weight_cap=a.behav_weight_cap,
+        )
+        return {"token_weights": weights}, metrics
 
     @property
     def weights_version(self) -> int:

@@ -85,11 +85,15 @@ class MicroResult:
     mini-batch value (e.g. ``pg_loss``, ``kl_loss``, ``entropy`` aggregated with the plan).
     averages: per-micro-batch token-mean statistics (e.g. clip fractions), averaged over
     micro-batches weighted by their response tokens (= the token mean over the mini-batches).
+    maxima: per-micro-batch maxima (e.g. the largest importance weight), reduced by max over
+    the micro-batches of every step and over ranks.
+    A key with a ``/`` is a full metric name (e.g. verl's ``rollout_corr/...``); others get the prefix.
     """
 
     loss: Tensor
     loss_terms: dict[str, float] = field(default_factory=dict)
     averages: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
 
 
 LossFn = Callable[[nn.Module, Batch, MicroBatch], MicroResult]
@@ -105,6 +109,15 @@ class _Tally:
         for k, v in values.items():
             self.sums[k] = self.sums.get(k, 0.0) + float(v) * weight
             self.counts[k] = self.counts.get(k, 0.0) + weight
+
+    def add_max(self, values: dict[str, float]) -> None:
+        """Keep the running maximum of each value in ``sums`` (``-inf`` = nothing seen)."""
+        for k, v in values.items():
+            self.sums[k] = max(self.sums.get(k, -math.inf), float(v))
+
+
+def _metric_name(prefix: str, key: str) -> str:
+    return key if "/" in key else f"{prefix}/{key}"
 
 
 class Optimization:
@@ -164,7 +177,7 @@ class Optimization:
         own_rows = 0 if is_padding(batch) else len(batch)
         global_rows = int(D.all_reduce_sum(torch.tensor([own_rows], dtype=torch.float64)).item())
         n_mini = max(1, math.ceil(global_rows / mini_batch_trajectories))
-        tally, terms, steps, bad, norms = _Tally(), _Tally(), 0, 0, []
+        tally, terms, maxima, steps, bad, norms = _Tally(), _Tally(), _Tally(), 0, 0, []
         for epoch in range(epochs):
             order = torch.arange(own_rows)
             if shuffle_seed is not None:
@@ -172,16 +185,17 @@ class Optimization:
                 order = torch.randperm(own_rows, generator=gen)
             for rows in order.tensor_split(n_mini):
                 ok, norm = self._step(batch, rows, loss_fn, micro_batch_trajectories, loss_agg_mode,
-                                      max_response_tokens, tally, terms)
+                                      max_response_tokens, (tally, terms, maxima))
                 steps += 1
                 bad += 0 if ok else 1
                 if ok:
                     norms.append(norm)
         p = self.prefix
-        out = {f"{p}/{k}": v / steps for k, v in terms.sums.items()}  # mean over steps of per-step sums
+        out = {_metric_name(p, k): v / steps for k, v in terms.sums.items()}  # mean over steps of per-step sums
         out[f"{p}/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         out = D.all_reduce_mean(out)
         out.update(_global_means(tally, p))
+        out.update(_global_maxima(maxima, p))
         out[f"{p}/lr"] = lr_at(max(0, self.steps_applied - 1), self.settings)
         out[f"{p}/bad_updates"] = float(bad)
         out[f"{p}/optimizer_steps"] = float(steps - bad)
@@ -197,8 +211,7 @@ class Optimization:
         micro: int,
         loss_agg_mode: str,
         max_response_tokens: int | None,
-        tally: _Tally,
-        terms: _Tally,
+        tallies: tuple[_Tally, _Tally, _Tally],
     ) -> tuple[bool, float]:
         """One optimizer step on the mini-batch ``batch[rows]``; returns (applied, grad norm).
 
@@ -218,7 +231,7 @@ class Optimization:
             world_size=self.world_size,
         )
         self.optimizer.zero_grad(set_to_none=True)
-        finite = self._accumulate(batch, mini, plan, loss_fn, loss_agg_mode, max_response_tokens, tally, terms)
+        finite = self._accumulate(batch, mini, plan, loss_fn, loss_agg_mode, max_response_tokens, tallies)
         return self._apply_step(finite)
 
     def _accumulate(
@@ -229,14 +242,14 @@ class Optimization:
         loss_fn: LossFn,
         loss_agg_mode: str,
         max_response_tokens: int | None,
-        tally: _Tally,
-        terms: _Tally,
+        tallies: tuple[_Tally, _Tally, _Tally],
     ) -> bool:
         """Backward of every micro-batch of ``plan`` over ``mini`` (gradients summed, synchronised
         on the last one); True when every loss on this rank was finite. A rank with fewer
         micro-batches than the most any rank has runs zero-weighted passes on ``batch[0]`` so the
         collectives stay in step."""
         n_micro = int(D.all_reduce_max(torch.tensor([len(plan)], dtype=torch.float64)).item())
+        tally, terms, maxima = tallies  # token-weighted means, per-step sums, maxima
         finite = True
         for k in range(n_micro):
             with D.no_sync(self.model, enabled=k < n_micro - 1):
@@ -248,6 +261,7 @@ class Optimization:
                     # result does not depend on how rows were grouped into micro-batches
                     tally.add(res.averages, weight=float(micro_batch["response_mask"].sum()))
                     terms.add(res.loss_terms)
+                    maxima.add_max(res.maxima)
                     res.loss.backward()
                 else:  # keep collectives in step with ranks that have more micro-batches
                     dummy = batch.index([0])
@@ -256,6 +270,7 @@ class Optimization:
                     # zero weight, but the same metric keys on every rank (the reductions need them)
                     tally.add(res.averages, weight=0.0)
                     terms.add(dict.fromkeys(res.loss_terms, 0.0))
+                    maxima.add_max(dict.fromkeys(res.maxima, -math.inf))
         return finite
 
     def _apply_step(self, finite: bool) -> tuple[bool, float]:
@@ -309,7 +324,16 @@ def _global_means(tally: _Tally, prefix: str) -> dict[str, float]:
     both = {f"s/{k}": tally.sums[k] for k in keys} | {f"c/{k}": tally.counts[k] for k in keys}
     world = D.dist.get_world_size() if D.is_distributed() else 1
     reduced = {k: v * world for k, v in D.all_reduce_mean(both).items()}  # sums over ranks
-    return {f"{prefix}/{k}": reduced[f"s/{k}"] / max(reduced[f"c/{k}"], 1.0) for k in keys}
+    return {_metric_name(prefix, k): reduced[f"s/{k}"] / max(reduced[f"c/{k}"], 1.0) for k in keys}
+
+
+def _global_maxima(maxima: _Tally, prefix: str) -> dict[str, float]:
+    """Max of each statistic over all micro-batches of all ranks (NaN where none had a row)."""
+    keys = sorted(maxima.sums)
+    if not keys:
+        return {}
+    reduced = D.all_reduce_max(torch.tensor([maxima.sums[k] for k in keys], dtype=torch.float64)).tolist()
+    return {_metric_name(prefix, k): v if v != -math.inf else math.nan for k, v in zip(keys, reduced, strict=True)}
 
 
 # ---- exactly-once ------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from hybridflow.algorithms.registry import (
     register_advantage_estimator,
     register_policy_loss,
 )
+from hybridflow.algorithms.rollout_correction import rollout_correction_weights
 from hybridflow.algorithms.sequences import overlong_penalty, position_ids_from_mask, response_mask_from_ids
 from hybridflow.algorithms.value import value_loss
 
@@ -87,6 +88,7 @@ __all__ = [
     "position_ids_from_mask",
     "response_mask_from_ids",
     "overlong_penalty",
+    "rollout_correction_weights",
     "compute_advantages",
     "filter_zero_variance_groups",
 ]

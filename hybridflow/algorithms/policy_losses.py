@@ -6,10 +6,16 @@ Common signature (the registry contract)::
 
 settings: keywords named by the fields of :class:`PolicyLossSettings` (``clip_ratio_low=0.2``,
 ``clip_ratio_high=0.2``, ``clip_ratio_c=3.0``, ``loss_agg_mode="token-mean"``,
-``global_normalizer=None``, ``max_response_tokens=None``).
+``global_normalizer=None``, ``max_response_tokens=None``, ``token_weights=None``).
+``token_weights``: [batch, response_len] float, detached, or None; when given, a loss multiplies
+its per-token loss by it before aggregating (the off-policy correction,
+:mod:`hybridflow.algorithms.rollout_correction`; the worker passes it only when
+``actor.rollout_correction`` is on, so a user loss that does not take it still works without it).
+None changes nothing (bit-identical to no weights).
 
 log_probs: [batch, response_len] float32 nats under the current policy (carries the graph);
-old_log_probs: same, under the policy that generated the data (no gradient); advantages: same;
+old_log_probs: same, under the trainer's weights before the update (no gradient; the policy that
+generated the data, or with a rollout correction the proximal policy); advantages: same;
 response_mask: bool. loss: 0-d tensor, aggregated with :func:`aggregate_loss` (pass
 ``global_normalizer`` for micro-batches — see :mod:`hybridflow.algorithms.aggregation`).
 metrics: python floats ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``
@@ -41,6 +47,8 @@ class PolicyLossSettings:
     clip_ratio_low / clip_ratio_high: ε_low / ε_high of the ratio clip (unitless);
     clip_ratio_c: the dual-clip constant c (> 1, PPO only); loss_agg_mode and
     global_normalizer / max_response_tokens: as :func:`aggregate_loss` (micro-batch contract).
+    token_weights: [batch, response_len] per-token loss weights (detached; positions outside the
+    mask ignored) applied before aggregation, or None (no weighting).
     """
 
     clip_ratio_low: float = 0.2
@@ -49,9 +57,12 @@ class PolicyLossSettings:
     loss_agg_mode: str = "token-mean"
     global_normalizer: float | Tensor | None = None
     max_response_tokens: int | None = None
+    token_weights: Tensor | None = None
 
     def aggregate(self, token_loss: Tensor, mask: Tensor) -> Tensor:
-        """[batch, response_len] per-token loss → 0-d loss, by ``loss_agg_mode``."""
+        """[batch, response_len] per-token loss (× ``token_weights`` when set) → 0-d loss, by ``loss_agg_mode``."""
+        if self.token_weights is not None:
+            token_loss = token_loss * _safe(self.token_weights.detach().to(token_loss), mask)
         return aggregate_loss(
             token_loss, mask, self.loss_agg_mode,
             max_response_tokens=self.max_response_tokens, global_normalizer=self.global_normalizer,
@@ -72,6 +83,9 @@ def _prepare(
             "log_probs, old_log_probs, advantages, response_mask must all be [batch, response_len]; got "
             f"{tuple(log_probs.shape)}, {tuple(old_log_probs.shape)}, {tuple(advantages.shape)}, {tuple(mask.shape)}"
         )
+    weights = settings.get("token_weights")
+    if weights is not None and tuple(weights.shape) != tuple(mask.shape):
+        raise ValueError(f"token_weights must be [batch, response_len] = {tuple(mask.shape)}; got {tuple(weights.shape)}")
     return _as_bool(mask), PolicyLossSettings(**settings)
 
 
@@ -150,7 +164,8 @@ def gspo(
     s_i·π/sg(π) (value s_i, gradient of its own log-prob), log clamped at 10. Per-token loss
     max(−A·s, −A·clip(s, 1−ε_low, 1+ε_high)); no dual clip (clip_ratio_c unused,
     pg_clipfrac_lower = 0). The paper uses small ε (e.g. 3e-4 / 4e-4) and seq-mean-token-mean;
-    the aggregation follows ``loss_agg_mode`` so the accumulation contract holds.
+    the aggregation follows ``loss_agg_mode`` so the accumulation contract holds. ``token_weights``
+    multiply each token's term (the sequence ratio itself stays unweighted).
     """
     mask, s = _prepare(log_probs, old_log_probs, advantages, response_mask, settings)
     token_log_ratio = _safe(log_probs - old_log_probs, mask)

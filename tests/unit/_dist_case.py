@@ -76,7 +76,10 @@ def loss_fn(model, mb: Batch, plan) -> MicroResult:
     p = mb["prompt_ids"].shape[1]
     lp = log_probs_from_logits(model(ids)[:, p - 1 : -1], mb["response_ids"])
     loss = plan.aggregate(-mb["advantages"] * lp, mb["response_mask"])
-    return MicroResult(loss, {"pg_loss": float(loss.detach())}, {"rows": float(len(mb))})
+    # a maximum: the largest −A of the micro-batch (in this batch it is on rank 1's part)
+    neg_adv_max = float((-mb["advantages"])[mb["response_mask"]].max())
+    return MicroResult(loss, {"pg_loss": float(loss.detach())}, {"rows": float(len(mb))},
+                       {"neg_adv_max": neg_adv_max})
 
 
 def run_update(model, batch: Batch, world_size: int) -> dict[str, float]:

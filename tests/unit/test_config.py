@@ -100,3 +100,32 @@ def test_prompts_per_step_is_a_deprecated_alias_of_prompts_per_iteration(tmp_pat
     assert load_config(old, ["data.prompts_per_step=6"]).data.prompts_per_iteration == 6  # an old override too
     with pytest.raises(ConfigError, match="data.prompts_per_step and data.prompts_per_iteration are both set"):
         load_config(old, ["data.prompts_per_iteration=3"])
+
+
+def test_rollout_correction_config():
+    cfg = load_config(None, ["actor.rollout_correction=tis"])
+    assert cfg.actor.tis_threshold == 2.0 and cfg.actor.behav_weight_cap is None
+    # the correction needs the recomputed old_log_probs: "auto" stops taking the hf engine's own
+    assert load_config().old_log_probs_from_rollout and not cfg.old_log_probs_from_rollout
+    decoupled = load_config(None, ["actor.rollout_correction=decoupled", "actor.behav_weight_cap=5"])
+    assert decoupled.actor.behav_weight_cap == 5.0 and not decoupled.old_log_probs_from_rollout
+    assert not load_config(None, ["actor.rollout_correction=tis", "actor.old_log_probs=recompute"]).old_log_probs_from_rollout
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["actor.rollout_correction=tis", "actor.old_log_probs=rollout"],
+         "actor.rollout_correction=tis needs recomputed old_log_probs but actor.old_log_probs=rollout"),
+        (["actor.rollout_correction=decoupled", "actor.old_log_probs=rollout"], "actor.rollout_correction=decoupled"),
+        (["actor.behav_weight_cap=2"], "actor.behav_weight_cap is set but actor.rollout_correction=none"),
+        (["actor.rollout_correction=tis", "actor.behav_weight_cap=2"], "rollout_correction=decoupled only"),
+        (["actor.rollout_correction=decoupled", "actor.behav_weight_cap=0"], "actor.behav_weight_cap"),
+        (["actor.tis_threshold=0"], "actor.tis_threshold"),
+        (["actor.rollout_correction=is"], "actor.rollout_correction"),
+    ],
+)
+def test_rollout_correction_config_errors(overrides, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert fragment in str(e.value) and "Traceback" not in str(e.value)

@@ -54,6 +54,10 @@ def test_two_ranks_update_equals_one_rank(tmp_path):
         # an averaged statistic, over real micro-batches only (the padding pass of rank 1 is not one):
         # 1 rank: 5 micro-batches of 2 rows per epoch → 2.0; 2 ranks: 3 + 2 micro-batches of 2 → 2.0
         assert got_metrics["actor/rows"] == metrics["actor/rows"] == 2.0
+        # a maximum is the max over micro-batches and ranks (rank 0, which saved these, holds only 1.88)
+        batch = case.make_batch()
+        want_max = float((-batch["advantages"])[batch["response_mask"]].max())  # 2.61, on rank 1
+        assert got_metrics["actor/neg_adv_max"] == metrics["actor/neg_adv_max"] == pytest.approx(want_max)
 
 
 def test_collectives_without_process_group_are_identities():
