@@ -22,14 +22,25 @@ same schedule.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect import get_run_logger
-
 from tasks.types import NodeResult, RolloutResult
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """Prefect's run logger inside a flow run, else this module's."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
 
 REGENERATE_KEY_OFFSET = 1_000_000  # Prefect dynamic key of a regenerated (stale) rollout: iteration + this
 
@@ -61,8 +72,8 @@ class Taken:
 
 class RolloutsAhead:
     """The rollouts in flight (see the module docstring). ``submit(iteration, prompts, version,
-    key)`` submits the rollout node and returns its Prefect future; ``state``: the RunSession
-    (prompts, the trainer's versions, the bound)."""
+    key, wait_for)`` submits the rollout node (after the futures ``wait_for``) and returns its
+    Prefect future; ``state``: the RunSession (prompts, the trainer's versions, the bound)."""
 
     def __init__(self, state: Any, submit: Callable[..., Any]):
         self.state, self.submit = state, submit
@@ -88,7 +99,9 @@ class RolloutsAhead:
                 self.exhausted = True
                 return
             version = self.state.trainer.policy_version
-            self.ahead[j] = _Ahead(prompts, version, time.time(), self.submit(j, prompts, version, j))
+            before = [e.future for _, e in sorted(self.ahead.items()) if e.future is not None and e.result is None]
+            # in iteration order: the rollout pool serves one at a time, and the next needs this one first
+            self.ahead[j] = _Ahead(prompts, version, time.time(), self.submit(j, prompts, version, j, before[-1:]))
 
     def take(self, iteration: int) -> Taken | None:
         """Iteration ``iteration``'s rollout, waited for and checked against the bound (None: the
@@ -104,7 +117,7 @@ class RolloutsAhead:
                    "rollout/weights_version": float(rollout.rollout_version), "rollout/dropped_stale": 0.0}
         if staleness <= self.bound:
             return Taken(rollout, metrics)
-        log = get_run_logger()
+        log = _logger()
         if self.state.cfg.trainer.staleness_policy == "drop":
             rows = rollout.ref.rows if rollout.ref is not None else 0
             log.warning("iteration %d: rollout of weights v%d is %d versions behind the trainer (max_staleness=%d): "
@@ -113,7 +126,7 @@ class RolloutsAhead:
         log.warning("iteration %d: rollout of weights v%d is %d versions behind the trainer (max_staleness=%d): "
                     "generating it again with v%d", iteration, rollout.rollout_version, staleness, self.bound, current)
         fresh = _Ahead(entry.prompts, current, time.time(),
-                       self.submit(iteration, entry.prompts, current, iteration + REGENERATE_KEY_OFFSET))
+                       self.submit(iteration, entry.prompts, current, iteration + REGENERATE_KEY_OFFSET, []))
         rollout = fresh.wait()
         return Taken(rollout, {**metrics, "rollout/staleness/mean": 0.0, "rollout/staleness/max": 0.0,
                                "rollout/weights_version": float(rollout.rollout_version),

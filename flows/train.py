@@ -290,11 +290,11 @@ def _rollouts_ahead(state: RunSession, base: RunContext) -> RolloutsAhead | None
         return None
     from tasks.rollout import rollout
 
-    def submit(iteration: int, prompts: Any, version: int, key: int) -> Any:
+    def submit(iteration: int, prompts: Any, version: int, key: int, wait_for: list) -> Any:
         run = base.with_iteration(iteration)
         node_task = rollout.task.with_options(result_storage=result_storage_path(run.run_dir))
         _key_by_iteration(node_task.task_key, key)
-        return node_task.submit(run=run, prompts=prompts, policy_version=version)
+        return node_task.submit(run=run, prompts=prompts, policy_version=version, wait_for=wait_for or None)
 
     return RolloutsAhead(state, submit)
 

@@ -46,6 +46,8 @@ CASES = {
     "reinforce_pp_arith.yaml": ("arith", ["actor/reward_kl_penalty"]),
     "dapo_countdown.yaml": ("countdown", ["filter_groups/kept_groups"]),
     "grpo_gsm8k.yaml": ("gsm8k", ["actor/kl_loss"]),
+    "grpo_arith_async.yaml": ("arith", ["rollout/staleness/max", "rollout_corr/rollout_is_mean",
+                                        "timing_s/weight_sync", "async/overlap_fraction"]),
     "grpo_arith_tool.yaml": ("arith", ["multi_turn/num_turns/mean", "tool/calls/mean", "tool/parse_errors",
                                        "response_length/observation_tokens/mean"]),
 }
