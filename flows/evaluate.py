@@ -89,7 +89,9 @@ def _run_validate(run: RunContext, cfg: ExperimentConfig, prompts: NodeResult) -
     ensure_ray(cfg)
     pools: dict[str, Any] = {}
     try:
-        for name in cfg.placement.pools:
+        for name, pool_cfg in cfg.placement.pools.items():
+            if set(pool_cfg.roles) <= {"rollout"}:  # asynchronous training's generator: validate uses the policy
+                continue
             pools[name] = create_pool(cfg, name, namespace=run.namespace, ckpt_root=None)
         task = validate.task.with_options(result_storage=result_storage_path(run.run_dir))
         return task(run=run, val_prompts=prompts)

@@ -54,7 +54,8 @@ class TrainerState:
     rollouts: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The trainer_state.json object (JSON-serialisable; the sampler state is copied)."""
+        """The trainer_state.json object (JSON-serialisable; the sampler state is copied; ``rollouts``
+        only when rollouts were in flight, so a synchronous run's file is the format it always was)."""
         return {
             "iteration": self.iteration,
             "policy_version": self.policy_version,
@@ -63,7 +64,7 @@ class TrainerState:
             "bad_updates_in_a_row": self.bad_updates_in_a_row,
             "sampler": dict(self.sampler),
             "mlflow_run_id": self.mlflow_run_id,
-            "rollouts": dict(self.rollouts),
+            **({"rollouts": dict(self.rollouts)} if self.rollouts else {}),  # only with rollouts in flight
         }
 
     @classmethod

@@ -476,6 +476,12 @@ class TrainerConfig(_Section):
         "a resume): 'wait' = generate it again with the trainer's current weights; 'drop' = skip its update "
         "and count its trajectories in rollout/dropped_stale.",
     )
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        "auto", description="How the trainer's weights reach a separate rollout pool after each update: "
+        "'object_store' = CPU tensors through Ray's object store; 'collective' = a torch.distributed broadcast "
+        "from the policy's rank 0 to the rollout ranks (NCCL on GPUs, Gloo on CPU); 'auto' = collective when "
+        "the policy pool has GPUs, else object_store (docs/async.md).",
+    )
     # ---- resume from damaged storage (docs/reliability.md, Storage) ----
     resume_fallback: bool = Field(
         True, description="On resume, when the latest checkpoint does not match its manifest (truncated or changed "
@@ -645,6 +651,14 @@ class ExperimentConfig(_Section):
                 f"trainer.max_staleness={self.trainer.max_staleness} needs a rollout pool apart from the policy's: "
                 "add e.g. placement.pools.gen: {workers: 1, roles: [rollout]} (examples/grpo_arith_async.yaml)"
             )
+
+    @property
+    def weight_sync_mode(self) -> str:
+        """``trainer.weight_sync`` with 'auto' resolved: 'collective' or 'object_store'."""
+        if self.trainer.weight_sync != "auto":
+            return self.trainer.weight_sync
+        policy = next(p for p in self.placement.pools.values() if "policy" in p.roles)
+        return "collective" if policy.gpus_per_worker > 0 else "object_store"
 
     @property
     def uses_rollout_pool(self) -> bool:

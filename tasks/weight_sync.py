@@ -9,8 +9,10 @@ version its iteration's schedule names (:func:`rollout_weights_at`); when a rest
 rank lost its inbox, the version is fetched again from the policy, which keeps the
 ``trainer.max_staleness + 2`` newest versions referenced.
 
-GPUs: the same protocol; CPU state dicts through the object store is what runs today (an NCCL
-collective group between the two pools is not built: docs/async.md says so).
+``trainer.weight_sync: collective`` (``auto`` on GPUs) sends them instead by a torch.distributed
+broadcast from the policy's rank 0 to the rollout ranks (:mod:`workers.weight_group`: NCCL on
+GPUs, Gloo on CPU), formed on the first publish and formed again when a member restarted
+(its epoch differs). A broadcast that fails falls back to the object store for that version.
 """
 
 from __future__ import annotations
@@ -30,20 +32,70 @@ def versions_kept(cfg: ExperimentConfig) -> int:
 
 
 def publish_weights(run: RunContext, policy: Any, version: int) -> dict[str, float]:
-    """Publish the policy's weights (``version`` = its weights_version now) to every rollout rank.
-    Returns ``timing_s/weight_sync`` (seconds, publish + transfer + store) and
-    ``perf/weight_sync_bytes``. Raises VersionError when the policy is not at ``version``."""
+    """Publish the policy's weights (``version`` = its weights_version now) to every rollout rank,
+    by ``trainer.weight_sync``. Returns ``timing_s/weight_sync`` (seconds, publish + transfer +
+    store), ``perf/weight_sync_bytes`` and ``perf/weight_sync_collective`` (1: broadcast, 0: object
+    store). Raises VersionError when the policy is not at ``version``."""
     from tasks.pools import pool_of
 
     start = time.perf_counter()
+    rollout = pool_of(run, "rollout")
+    sent, collective = None, run.cfg().weight_sync_mode == "collective"
+    if collective:
+        try:
+            sent = _broadcast(run, policy, rollout, version)
+        except Exception as e:  # noqa: BLE001 - a broken group: this version goes through the object store
+            _warn(f"weight-sync broadcast of v{version} failed ({type(e).__name__}: {e}); "
+                  "sending it through Ray's object store")
+            policy.leave_weight_group()  # the next publish forms the group anew
+            collective = False
+    if sent is None:
+        sent = _through_object_store(run, policy, rollout, version)
+    return {"timing_s/weight_sync": time.perf_counter() - start, "perf/weight_sync_bytes": float(sent),
+            "perf/weight_sync_collective": float(collective)}
+
+
+def _through_object_store(run: RunContext, policy: Any, rollout: Any, version: int) -> int:
     keep = versions_kept(run.cfg())
     published = policy.publish_weights(keep=keep)
     if published["version"] != version:
         raise VersionError(f"policy published weights_version {published['version']}, expected {version}")
-    rollout = pool_of(run, "rollout")
     rollout.receive_weights(published["refs"], version=version, keep=keep)
-    return {"timing_s/weight_sync": time.perf_counter() - start,
-            "perf/weight_sync_bytes": float(published["bytes"])}
+    return published["bytes"]
+
+
+def _both(policy: Any, rollout: Any, method: str, args: tuple, kwargs: dict, timeout_s: float) -> list[Any]:
+    """``method`` on the policy's rank 0 and every rollout rank at once (a collective needs them all)."""
+    import ray
+
+    refs = [policy.pool.actors[0].call.remote("policy", method, *args, **kwargs)]
+    refs += [a.call.remote("rollout", method, *args, **kwargs) for a in rollout.pool.actors]
+    return ray.get(refs, timeout=timeout_s)
+
+
+def _broadcast(run: RunContext, policy: Any, rollout: Any, version: int) -> int:
+    from workers.weight_group import GROUP_TIMEOUT_S
+
+    epochs = [policy.weight_group_epoch(), *rollout.weight_group_epoch()]
+    if None in epochs or len(set(epochs)) != 1:  # first publish, or a member restarted: form it (again)
+        host, port = policy.weight_group_address()
+        epoch = max((e for e in epochs if e is not None), default=0) + 1
+        _both(policy, rollout, "init_weight_group", (host, port, rollout.pool.world_size + 1, epoch), {},
+              GROUP_TIMEOUT_S)
+    layout = policy.weights_layout()
+    import ray
+
+    refs = [policy.pool.actors[0].call.remote("policy", "broadcast_weights", version)]
+    refs += [a.call.remote("rollout", "receive_broadcast", layout, version=version, keep=versions_kept(run.cfg()))
+             for a in rollout.pool.actors]
+    sent = ray.get(refs, timeout=GROUP_TIMEOUT_S)[0]
+    return sent["bytes"]
+
+
+def _warn(line: str) -> None:
+    from prefect import get_run_logger
+
+    get_run_logger().warning(line)
 
 
 def rollout_weights_at(run: RunContext, rollout: Any, version: int) -> None:

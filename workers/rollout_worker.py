@@ -71,10 +71,42 @@ class RolloutWorker(Generation):
         import ray
 
         state = ray.get(refs[0])
+        self._file(version, state, keep)
+        return len(state)
+
+    def _file(self, version: int, state: dict[str, torch.Tensor], keep: int) -> None:
         with self._inbox_lock:
             self._inbox[version] = state
             for old in sorted(self._inbox)[:-keep]:
                 del self._inbox[old]
+
+    @dispatch("broadcast")
+    def init_weight_group(self, host: str, port: int, world_size: int, epoch: int) -> int:
+        """Join the weight-sync group as rank 1 + this rank (the policy's rank 0 joins at the same
+        time; :class:`workers.weight_group.WeightGroup`). Returns ``epoch``."""
+        from workers.weight_group import WeightGroup
+
+        self._weight_group = (epoch, WeightGroup(host, port, self.rank + 1, world_size, self.device))
+        return epoch
+
+    @dispatch("broadcast")
+    def weight_group_epoch(self) -> int | None:
+        """The epoch of the weight-sync group this rank is in (None: none, e.g. after a restart)."""
+        group = getattr(self, "_weight_group", None)
+        return None if group is None else group[0]
+
+    @dispatch("broadcast")
+    def receive_broadcast(self, layout: list[tuple[str, list[int], str]], *, version: int, keep: int) -> int:
+        """Receive the weights ``version`` broadcast by the policy (``layout``: what it sends, in
+        order) into fresh tensors on this rank's device and file them in the inbox, keeping the
+        ``keep`` newest. Runs while a generation may be in progress. Returns the tensor count."""
+        from workers.weight_group import empty_like_layout
+
+        if getattr(self, "_weight_group", None) is None:
+            raise RuntimeError(f"rollout rank {self.rank} is in no weight-sync group")
+        state = empty_like_layout(layout, self.device)
+        self._weight_group[1].broadcast(list(state.values()))
+        self._file(version, state, keep)
         return len(state)
 
     @dispatch("broadcast")

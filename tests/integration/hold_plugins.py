@@ -2,7 +2,8 @@
 
 A test creates ``<run_dir>/holds/<method>-v<version>`` before the run. When the policy actor
 runs that call — ``generate_sequences`` at weights_version ``version``, or ``update_policy``
-with ``expected_version=version`` — it does the work, then claims the marker (atomic rename,
+with ``expected_version=version`` — or the rollout actor of asynchronous training generates at
+``version`` (``rollout_generate-v<version>``), it does the work, then claims the marker (atomic rename,
 so only the first call holds), publishes its PID in ``<key>.held`` and waits to be killed
 before returning. So a SIGKILL lands inside the node's call on the actor, after its work is
 done and before its result is returned or recorded, whatever the machine's load; a timing-based
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from workers.policy import PolicyWorker
+from workers.rollout_worker import RolloutWorker
 
 HOLD_S = 300.0
 
@@ -27,7 +29,7 @@ def holds_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "holds"
 
 
-def _hold(worker: PolicyWorker, key: str) -> None:
+def _hold(worker: PolicyWorker | RolloutWorker, key: str) -> None:
     run_id = worker.cfg.trainer.run_id
     if not run_id:  # a worker outside a named run (e.g. a unit test in a process that imported this)
         return
@@ -44,8 +46,8 @@ def _hold(worker: PolicyWorker, key: str) -> None:
         time.sleep(0.05)
 
 
-def _patch(name: str, key_of) -> None:
-    original = getattr(PolicyWorker, name)
+def _patch(name: str, key_of, cls: type = PolicyWorker) -> None:
+    original = getattr(cls, name)
     if getattr(original, "__hold_patched__", False):
         return
 
@@ -58,9 +60,10 @@ def _patch(name: str, key_of) -> None:
         return out
 
     held.__hold_patched__ = True
-    setattr(PolicyWorker, name, held)
+    setattr(cls, name, held)
 
 
 _patch("generate_sequences",
        lambda w, kw: None if kw.get("validate") else f"generate_sequences-v{w.versions.weights_version}")
 _patch("update_policy", lambda w, kw: f"update_policy-v{kw['expected_version']}")
+_patch("generate_sequences", lambda w, kw: f"rollout_generate-v{w.weights_version}", RolloutWorker)

@@ -114,17 +114,21 @@ def _wait_for(run_dir: Path, entry: tuple[int, str], proc, log: Path, timeout_s:
 def test_killed_rollout_worker_and_driver_resume_to_the_same_weights(reference, arith_files, varied_reward, tmp_path):
     import ray
 
-    from workers.pool import namespace_for
+    from tests.integration.test_reliability_runs import ActorKiller
 
     args = _async(tmp_path, arith_files, "async-killed", varied_reward,
-                  **{"placement.ray_address": ray.get_runtime_context().gcs_address})
+                  **{"placement.ray_address": ray.get_runtime_context().gcs_address,
+                     "trainer.plugins": "[tests.integration.hold_plugins]"})
     run_dir = tmp_path / "runs" / "async-killed"
+    # iteration 3's rollout generates with weights v1 while iteration 2 trains: its actor is killed
+    # inside that call (the hold plugin keeps the call until the kill lands)
+    killer = ActorKiller(run_dir, ["rollout_generate-v1"])
+    killer.start()
     log = tmp_path / "first.log"
     first = start_train(args, log=log)
     try:
-        # iteration 3's rollout generates (weights v1) while iteration 2 trains: kill the rollout worker
-        _wait_for(run_dir, (3, "rollout"), first, log)
-        ray.kill(ray.get_actor("gen/rank0", namespace=namespace_for("async-killed")), no_restart=False)
+        killer.join(timeout=600)
+        assert killer.error is None and len(killer.kills) == 1, killer.error
         # then kill the driver while iteration 4 trains and iteration 5's rollout is in flight
         _wait_for(run_dir, (4, "old_log_probs"), first, log)
     finally:
@@ -136,17 +140,59 @@ def test_killed_rollout_worker_and_driver_resume_to_the_same_weights(reference, 
     finally:
         kill_group(resumed)
     assert executions(run_dir).count((3, "rollout")) >= 2  # the killed generation ran again (a task retry)
+    from workers.pool import read_pool_events
+
+    starts = read_pool_events(str(run_dir), "gen")
+    assert killer.kills[0]["pid"] in [s["pid"] for s in starts] and len(starts) >= 3  # killed, restarted, resumed
     assert _rollouts(run_dir, ITERATIONS) == _rollouts(Path(reference["run_dir"]), ITERATIONS)
     assert_same_weights(_weights(run_dir / "checkpoints" / "iter_000005"), _weights(Path(reference["checkpoint"])))
 
 
+def test_a_slow_update_does_not_let_the_rollout_pool_run_past_the_bound(prefect_api, ray_cluster, arith_files,
+                                                                        varied_reward, tmp_path):
+    from flows.train import train
+
+    summary = train(overrides=_async(tmp_path, arith_files, "async-slow", varied_reward, **{
+        "trainer.total_iterations": "4", "trainer.plugins": "[tests.integration.slow_plugins]",
+        "actor.policy_loss": "slow_ppo"}))
+    run_dir = Path(summary["run_dir"])
+    assert _rollouts(run_dir, 4) == {1: [0] * 4, 2: [0] * 4, 3: [1] * 4, 4: [2] * 4}
+    log = [json.loads(x) for x in (run_dir / "execution_log.jsonl").read_text().splitlines()]
+    hist = {h["iteration"]: h["metrics"] for h in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    start = {(e["iteration"], e["node"]): e["t"] for e in log}
+    for j in (3, 4):  # rollout j waited for iteration j-2's (slow) update to end, however long it took
+        update_end = start[(j - 2, "update_policy")] + hist[j - 2]["timing_s/update_actor"]
+        assert start[(j, "rollout")] >= update_end - 0.05
+        assert hist[j]["rollout/staleness/max"] == 1 and hist[j]["timing_s/update_actor"] > 1.0
+
+
+def test_lora_adapters_alone_go_to_the_rollout_pool(prefect_api, ray_cluster, arith_files, varied_reward, tmp_path):
+    from flows.train import train
+
+    lora = {"reward.function": varied_reward, "model.lora_rank": "4", "actor.lr": "1e-2"}
+    colocated = train(overrides=_overrides(tmp_path, arith_files, "lora-colocated", **lora))
+    separate = train(overrides=_overrides(tmp_path, arith_files, "lora-separate", **ROLLOUT_POOL, **lora))
+    full = train(overrides=_overrides(tmp_path, arith_files, "full-separate", **ROLLOUT_POOL,
+                                      **{"reward.function": varied_reward}))
+    assert_same_weights(_weights(Path(colocated["checkpoint"])), _weights(Path(separate["checkpoint"])))
+    def synced(summary: dict) -> list[float]:
+        lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["metrics"]["perf/weight_sync_bytes"] for x in lines]
+
+    assert 0 < max(synced(separate)) < min(synced(full)) / 5  # adapters only, not the model
+
+
+@pytest.mark.parametrize("weight_sync", ["object_store", "collective"])
 def test_max_staleness_0_on_a_rollout_pool_equals_the_colocated_run(prefect_api, ray_cluster, arith_files,
-                                                                     varied_reward, tmp_path):
+                                                                     varied_reward, tmp_path, weight_sync):
     from flows.train import train
 
     reward = {"reward.function": varied_reward}
     colocated = train(overrides=_overrides(tmp_path, arith_files, "sync-colocated", **reward))
-    separate = train(overrides=_overrides(tmp_path, arith_files, "sync-separate", **ROLLOUT_POOL, **reward))
+    separate = train(overrides=_overrides(tmp_path, arith_files, "sync-separate", **ROLLOUT_POOL, **reward,
+                                          **{"trainer.weight_sync": weight_sync}))
+    hist = [json.loads(x)["metrics"] for x in (Path(separate["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert [m["perf/weight_sync_collective"] for m in hist] == [float(weight_sync == "collective")] * 2
     a, b = _weights(Path(colocated["checkpoint"])), _weights(Path(separate["checkpoint"]))
     assert a.keys() == b.keys()
     for k in a:

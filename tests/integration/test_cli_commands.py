@@ -1,4 +1,4 @@
-"""Every command of the README's quick reference and of docs/cli.md, run as written on a tiny model.
+"""Every command of the README's quick reference, docs/cli.md and docs/async.md, run as written on a tiny model.
 
 The commands run in a scratch folder laid out like a clone after ``make data``: ``examples/`` (the
 repository's), ``data/arith/{train,test}.parquet`` and ``data/arith_test.parquet`` (a few generated
@@ -101,6 +101,10 @@ COMMANDS: dict[str, tuple[list[str], list[str], str | None]] = {
         ([], ["calls policy @ pool main", "advantage(rollout <- rollout, reward <- reward"], None),
     "hybridflow dataflow show -c examples/grpo_arith.yaml algorithm.filter_groups=true":
         ([], ["advantage(rollout <- filter_groups, reward <- filter_groups"], None),
+    "hybridflow train -c examples/grpo_arith_async.yaml":
+        ([*TINY_TRAIN, f"trainer.run_id={RUN}-async"], ["hybridflow run summary"], f"runs/{RUN}-async/summary.json"),
+    "hybridflow dataflow show -c examples/grpo_arith_async.yaml":
+        ([], ["calls rollout @ pool gen", "old_log_probs(rollout <- rollout", "advantage(rollout <- old_log_probs"], None),
     "hybridflow bench list": ([], ["e2e", "peak"], None),
     "hybridflow bench peak --help": ([], ["usage:", "--tokens"], None),
 }
@@ -176,7 +180,8 @@ def test_documented_commands_run_as_written(workdir, ray_cluster, capsys):
         else:
             code, out = _run_in_process(argv, capsys)
         if argv[0] == "train" and code == 0:
-            _release_pools(workdir / "runs" / (RUN + ("-v" if "-v" in argv else "")))
+            run_ids = [a.split("=", 1)[1] for a in argv if a.startswith("trainer.run_id=")]
+            _release_pools(workdir / "runs" / (run_ids[-1] if run_ids else RUN))
         missing = [line for line in lines if line not in out]
         if code != 0 or missing or (leaves and not (workdir / leaves).exists()):
             failures.append(f"{command}\n  argv {argv}\n  exit {code}, missing {missing}, leaves {leaves}\n"
@@ -184,4 +189,5 @@ def test_documented_commands_run_as_written(workdir, ray_cluster, capsys):
     assert not failures, "\n\n".join(failures)
     # the resume as written continued the run (its summary again), it did not start another
     assert json.loads((workdir / "runs" / RUN / "summary.json").read_text())["iterations"] == 1
-    assert sorted(p.name for p in (workdir / "runs").iterdir() if (p / "run.json").is_file()) == [RUN, f"{RUN}-v"]
+    assert sorted(p.name for p in (workdir / "runs").iterdir() if (p / "run.json").is_file()) == [
+        RUN, f"{RUN}-async", f"{RUN}-v"]

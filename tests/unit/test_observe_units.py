@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _documented_commands() -> list[str]:
-    """`hybridflow ...` lines of the README's quick reference and of docs/cli.md's code blocks,
+    """`hybridflow ...` lines of the README's quick reference and of docs/cli.md's and docs/async.md's code blocks,
     continuation lines joined and comments dropped; synopsis lines (``[...]``, ``|``, ``...``) left out."""
-    texts = [ROOT / "README.md", ROOT / "docs" / "cli.md"]
+    texts = [ROOT / "README.md", ROOT / "docs" / "cli.md", ROOT / "docs" / "async.md"]
     out = []
     for path in texts:
         for block in _code_blocks(path.read_text()):
