@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.metric_names import METRIC_NAMES as M
 from tasks.types import NodeResult, RolloutResult
 
 
@@ -113,8 +114,8 @@ class RolloutsAhead:
         rollout = entry.wait()
         current = self.state.trainer.policy_version
         staleness = current - rollout.rollout_version
-        metrics = {"rollout/staleness/mean": float(staleness), "rollout/staleness/max": float(staleness),
-                   "rollout/weights_version": float(rollout.rollout_version), "rollout/dropped_stale": 0.0}
+        metrics = {M["staleness_mean"]: float(staleness), M["staleness_max"]: float(staleness),
+                   M["rollout_weights_version"]: float(rollout.rollout_version), M["dropped_stale"]: 0.0}
         if staleness <= self.bound:
             return Taken(rollout, metrics)
         log = _logger()
@@ -122,15 +123,15 @@ class RolloutsAhead:
             rows = rollout.ref.rows if rollout.ref is not None else 0
             log.warning("iteration %d: rollout of weights v%d is %d versions behind the trainer (max_staleness=%d): "
                         "dropped %d trajectories", iteration, rollout.rollout_version, staleness, self.bound, rows)
-            return Taken(None, {**metrics, "rollout/dropped_stale": float(rows)})
+            return Taken(None, {**metrics, M["dropped_stale"]: float(rows)})
         log.warning("iteration %d: rollout of weights v%d is %d versions behind the trainer (max_staleness=%d): "
                     "generating it again with v%d", iteration, rollout.rollout_version, staleness, self.bound, current)
         fresh = _Ahead(entry.prompts, current, time.time(),
                        self.submit(iteration, entry.prompts, current, iteration + REGENERATE_KEY_OFFSET, []))
         rollout = fresh.wait()
-        return Taken(rollout, {**metrics, "rollout/staleness/mean": 0.0, "rollout/staleness/max": 0.0,
-                               "rollout/weights_version": float(rollout.rollout_version),
-                               "rollout/regenerated_stale": float(rollout.ref.rows if rollout.ref else 0)})
+        return Taken(rollout, {**metrics, M["staleness_mean"]: 0.0, M["staleness_max"]: 0.0,
+                               M["rollout_weights_version"]: float(rollout.rollout_version),
+                               M["regenerated_stale"]: float(rollout.ref.rows if rollout.ref else 0)})
 
     def in_flight(self) -> dict[str, dict[str, Any]]:
         """Wait for every rollout in flight and return them as the checkpoint records them:
@@ -155,7 +156,7 @@ class RolloutsAhead:
                 start, end = max(e.submitted_at, previous_end), phase[1]
             busy += max(0.0, min(end, phase[1]) - max(start, phase[0]))
             previous_end = end
-        return {"async/overlap_s": busy, "async/overlap_fraction": busy / wall_s if wall_s > 0 else 0.0}
+        return {M["overlap_s"]: busy, M["overlap_fraction"]: busy / wall_s if wall_s > 0 else 0.0}
 
 
 __all__ = ["RolloutsAhead", "Taken"]

@@ -287,6 +287,11 @@ def _rollouts_ahead(state: RunSession, base: RunContext) -> RolloutsAhead | None
     """With a separate rollout pool: the schedule of rollouts in flight, submitting the rollout node
     as a Prefect future of the train flow (so the UI shows it beside the iteration it overlaps)."""
     if not state.cfg.uses_rollout_pool:
+        if state.trainer.rollouts:  # resumed synchronously from an asynchronous run's checkpoint
+            get_run_logger().warning(
+                "the checkpoint recorded the rollouts of iterations %s in flight; without a rollout pool they are not "
+                "trained on (their prompts are skipped)", ", ".join(sorted(state.trainer.rollouts, key=int)))
+            state.trainer.rollouts = {}
         return None
     from tasks.rollout import rollout
 

@@ -33,6 +33,15 @@ METRIC_NAMES: dict[str, str] = {
     "importance_weight_mean": "rollout_corr/rollout_is_mean",
     "importance_weight_max": "rollout_corr/rollout_is_max",
     "importance_weight_clipped_fraction": "rollout_corr/rollout_is_ratio_fraction_high",
+    # asynchronous training (trainer.max_staleness, docs/async.md): named in the issue, no verl name
+    "weight_sync_time_s": "timing_s/weight_sync",  # publishing the new weights to the rollout pool
+    "staleness_mean": "rollout/staleness/mean",  # policy_version − rollout_version when trained on
+    "staleness_max": "rollout/staleness/max",
+    "rollout_weights_version": "rollout/weights_version",
+    "dropped_stale": "rollout/dropped_stale",  # trajectories older than the bound, dropped
+    "regenerated_stale": "rollout/regenerated_stale",  # trajectories older than the bound, generated again
+    "overlap_s": "async/overlap_s",  # seconds the rollout pool generated while the trainer's nodes ran
+    "overlap_fraction": "async/overlap_fraction",  # that, as a share of the iteration's wall time
     # the advantage node: the score of each sequence, the KL coefficient of the next iteration
     "sequence_score": "critic/score",
     "kl_coef_next": "critic/kl_coef_next",

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from hybridflow.config import ExperimentConfig
+from hybridflow.metric_names import METRIC_NAMES
 from tasks.common import RunContext
 from tasks.versions import VersionError, weights_version
 
@@ -51,7 +52,7 @@ def publish_weights(run: RunContext, policy: Any, version: int) -> dict[str, flo
             collective = False
     if sent is None:
         sent = _through_object_store(run, policy, rollout, version)
-    return {"timing_s/weight_sync": time.perf_counter() - start, "perf/weight_sync_bytes": float(sent),
+    return {METRIC_NAMES["weight_sync_time_s"]: time.perf_counter() - start, "perf/weight_sync_bytes": float(sent),
             "perf/weight_sync_collective": float(collective)}
 
 

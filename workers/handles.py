@@ -63,7 +63,7 @@ def call_ranks(pool: Pool, role: str, method: str, proto: DispatchProtocol, args
             results.append(ray.get(ref, timeout=timeout_s))
         except GetTimeoutError:
             raise PoolError(f"pool {pool.name!r} rank {rank}: {role}.{method} timed out after {timeout_s}s") from None
-    return proto.join([r for r in results if r is not None] if proto.name != "broadcast" else results, info)
+    return proto.join([r for r in results if r is not None] if proto.name not in ("broadcast", "rank_zero") else results, info)
 
 
 def _bound(pool: Pool, role: str, method: str, proto: DispatchProtocol, doc: str | None) -> Callable[..., Any]:

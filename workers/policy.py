@@ -45,6 +45,7 @@ from workers.training import (
     VersionedUpdates,
     VersionMismatchError,
 )
+from workers.weight_publisher import WeightPublisher
 
 POLICY_DIR, POLICY_OPTIM_DIR = "policy", "policy_optim"
 
@@ -69,7 +70,7 @@ def check_versions_agree(version: int, role: str) -> None:
         )
 
 
-class PolicyWorker(Generation):
+class PolicyWorker(Generation, WeightPublisher):
     """Policy rollout + training on one data-parallel rank (see the module docstring).
 
     cfg: the experiment config. rank/world_size: this rank of the policy pool; with
@@ -270,102 +271,6 @@ class PolicyWorker(Generation):
     @property
     def weights_version(self) -> int:
         return self.versions.weights_version
-
-    # ---- weights to a separate rollout pool (asynchronous training, workers.rollout_worker) ------
-    @dispatch("rank_zero")
-    def publish_weights(self, *, keep: int) -> dict[str, Any] | None:
-        """Put the current weights in Ray's object store, tagged with ``weights_version`` (rank 0
-        only: ``rank_zero`` dispatch). CPU tensors: the full state dict of the unsharded module, or
-        with LoRA only its trainable (adapter) tensors. The ``keep`` newest versions stay referenced
-        here, so a rollout rank that restarted can still fetch them (:meth:`published_weights`).
-        Returns ``{"version": int, "refs": [ObjectRef], "tensors": int, "bytes": int}``."""
-        import ray
-
-        if self.rank != 0:
-            return None
-        version = self.versions.weights_version
-        if version not in self._published:
-            module = self.inference_module
-            trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-            state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()
-                     if self.cfg.model.lora_rank == 0 or k in trainable}
-            self._published[version] = (ray.put(state), len(state), sum(t.numel() * t.element_size() for t in state.values()))
-            for old in sorted(self._published)[:-keep]:
-                del self._published[old]
-        ref, n, size = self._published[version]
-        return {"version": version, "refs": [ref], "tensors": n, "bytes": size}
-
-    def _publish_state(self) -> dict[str, Tensor]:
-        """What a publish sends: the unsharded module's state dict, with LoRA its trainable tensors only."""
-        module = self.inference_module
-        trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-        return {k: v.detach() for k, v in module.state_dict().items()
-                if self.cfg.model.lora_rank == 0 or k in trainable}
-
-    @dispatch("rank_zero")
-    def weight_group_address(self) -> tuple[str, int]:
-        """(host, free port) for the weight-sync group's store on this rank's node (rank 0)."""
-        import socket
-
-        import ray
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
-
-    @dispatch("rank_zero")
-    def init_weight_group(self, host: str, port: int, world_size: int, epoch: int) -> int:
-        """Join the weight-sync group as its rank 0 (:class:`workers.weight_group.WeightGroup`; the
-        rollout ranks join at the same time). ``epoch`` names this group. Returns ``epoch``."""
-        from workers.weight_group import WeightGroup
-
-        self._weight_group = (epoch, WeightGroup(host, port, 0, world_size, self.device))
-        return epoch
-
-    @dispatch("rank_zero")
-    def leave_weight_group(self) -> None:
-        """Forget the weight-sync group (after a failed broadcast: the next publish forms a new one)."""
-        self._weight_group = None
-
-    @dispatch("rank_zero")
-    def weight_group_epoch(self) -> int | None:
-        """The epoch of the weight-sync group this rank is in (None: none)."""
-        group = getattr(self, "_weight_group", None)
-        return None if group is None else group[0]
-
-    @dispatch("rank_zero")
-    def weights_layout(self) -> list[tuple[str, list[int], str]]:
-        """``[(name, shape, dtype)]`` of what :meth:`broadcast_weights` sends, in its order."""
-        from workers.weight_group import layout_of
-
-        return layout_of(self._publish_state())
-
-    @dispatch("rank_zero")
-    def broadcast_weights(self, version: int) -> dict[str, Any]:
-        """Broadcast the current weights (``version`` = weights_version, checked) through the
-        weight-sync group, on the device they live on. Returns ``{"version", "bytes"}``. Raises
-        RuntimeError without a group, VersionMismatchError on another version."""
-        if getattr(self, "_weight_group", None) is None:
-            raise RuntimeError("policy rank 0 is in no weight-sync group (init_weight_group first)")
-        if version != self.versions.weights_version:
-            raise VersionMismatchError(f"broadcast of weights_version {version}; the policy is at "
-                                       f"{self.versions.weights_version}")
-        tensors = [t.contiguous() for t in self._publish_state().values()]
-        self._weight_group[1].broadcast(tensors)
-        return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in tensors)}
-
-    @dispatch("rank_zero")
-    def published_weights(self, version: int) -> dict[str, Any] | None:
-        """The weights of ``version`` as :meth:`publish_weights` returned them (rank 0; published now
-        when ``version`` is the current one), or None when they are no longer (or not yet) kept."""
-        if self.rank != 0:
-            return None
-        if version == self.versions.weights_version:
-            return self.publish_weights(keep=max(len(self._published) + 1, 2))
-        if version not in self._published:
-            return None
-        ref, n, size = self._published[version]
-        return {"version": version, "refs": [ref], "tensors": n, "bytes": size}
 
     # ---- versions and checkpoints --------------------------------------------------------------
     @dispatch("broadcast")

@@ -1,4 +1,4 @@
-"""Test-only (``trainer.plugins``): ``actor.policy_loss: slow_ppo`` — PPO that sleeps 0.3 s per
+"""Test-only (``trainer.plugins``): ``actor.policy_loss: slow_ppo`` — PPO that sleeps 1 s per
 micro-batch, so an update takes longer than a rollout (tests/integration/test_async_training.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 from hybridflow.algorithms import get_policy_loss
 from hybridflow.algorithms.registry import register_policy_loss
 
-SLEEP_S = 0.3
+SLEEP_S = 1.0
 
 
 @register_policy_loss("slow_ppo")

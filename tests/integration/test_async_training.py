@@ -163,7 +163,8 @@ def test_a_slow_update_does_not_let_the_rollout_pool_run_past_the_bound(prefect_
     for j in (3, 4):  # rollout j waited for iteration j-2's (slow) update to end, however long it took
         update_end = start[(j - 2, "update_policy")] + hist[j - 2]["timing_s/update_actor"]
         assert start[(j, "rollout")] >= update_end - 0.05
-        assert hist[j]["rollout/staleness/max"] == 1 and hist[j]["timing_s/update_actor"] > 1.0
+        assert hist[j]["rollout/staleness/max"] == 1
+        assert hist[j - 2]["timing_s/update_actor"] > max(1.5, hist[j]["timing_s/gen"])  # slower than a rollout
 
 
 def test_lora_adapters_alone_go_to_the_rollout_pool(prefect_api, ray_cluster, arith_files, varied_reward, tmp_path):

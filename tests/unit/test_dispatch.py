@@ -49,3 +49,20 @@ def test_rank_zero_and_declaration_and_user_protocol():
         assert "dp_scatter" in str(e)
     else:
         raise AssertionError
+
+
+def test_call_ranks_returns_rank_zeros_none(monkeypatch):
+    """A rank_zero method whose answer is None (e.g. no weight-sync group yet) returns None, and
+    broadcast keeps every rank's answer — the ranks not called are dropped only for dp protocols."""
+    from types import SimpleNamespace
+
+    import workers.handles as H
+
+    class Actor:
+        def __init__(self, answer):
+            self.call = SimpleNamespace(remote=lambda role, method, *a, **k: answer)
+
+    monkeypatch.setattr(H.ray, "get", lambda ref, timeout=None: ref)
+    pool = SimpleNamespace(actors=[Actor(None), Actor(7)], world_size=2, name="p")
+    assert H.call_ranks(pool, "policy", "m", get_dispatch("rank_zero"), (), {}) is None
+    assert H.call_ranks(pool, "policy", "m", get_dispatch("broadcast"), (), {}) == [None, 7]
