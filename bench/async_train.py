@@ -89,9 +89,9 @@ def iteration_row(rec: dict[str, Any]) -> dict[str, Any]:
             "score_mean": float(m.get("critic/score/mean", float("nan")))}
 
 
-def timed_rows(records: list[dict[str, Any]], iterations: int) -> list[dict[str, Any]]:
-    """Iterations 2 … ``iterations`` (1 is the warm-up; an async run's extra last one, the drain, is cut)."""
-    return [iteration_row(r) for r in records if 2 <= r["iteration"] <= iterations]
+def timed_rows(records: list[dict[str, Any]], iterations: int, first: int = 2) -> list[dict[str, Any]]:
+    """Iterations ``first`` … ``iterations`` (1 is the warm-up; an async run's extra last one, the drain, is cut)."""
+    return [iteration_row(r) for r in records if first <= r["iteration"] <= iterations]
 
 
 def run_config(config: str, iterations: int, workdir: Path, train_file: str, extra: dict[str, str],
@@ -195,13 +195,37 @@ def measure_variant(name: str, overrides: dict[str, str], order: list[str], iter
             "expected_dedicated": expected_speedup(summary["sync"], summary["async"])}
 
 
+def from_runs(sync_dir: str | Path, async_dir: str | Path, iterations: int, first: int = 2) -> dict[str, Any]:
+    """A variant read from two finished (or stopped) ``hybridflow train`` run folders of the two
+    configurations, e.g. the learning runs of docs/results.md: their iterations ``first`` …
+    ``iterations`` (keep an async run's last iteration, the drain, and any iteration right after a
+    validation or a resume out of the range). Raises ValueError when a run has none of them."""
+    runs = {}
+    for config, d in (("sync", sync_dir), ("async", async_dir)):
+        rows = timed_rows(read_iterations(Path(d) / "metrics.jsonl"), iterations, first)
+        if not rows:
+            raise ValueError(f"{d}: no iterations {first}..{iterations} in metrics.jsonl")
+        runs[config] = {"run_dir": str(d), "iterations": rows}
+    summary = {c: summarize(runs[c]["iterations"]) for c in CONFIGS}
+    return {"source": "run folders", "timed_iterations": f"{first}..{iterations}", "runs": runs, "summary": summary,
+            "ratio_async_to_sync": ratios(summary["sync"], summary["async"]),
+            "expected_dedicated": expected_speedup(summary["sync"], summary["async"])}
+
+
 def measure(variants: dict[str, dict[str, str]], iterations: int, extra: dict[str, str],
-            workdir: str | None = None, timeout_s: float = 1800) -> dict[str, Any]:
-    """Every variant (its overrides on top of ``extra``), alternating the order of the two runs."""
+            workdir: str | None = None, timeout_s: float = 1800,
+            runs: dict[str, tuple[str, str]] | None = None,
+            runs_iterations: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Every variant (its overrides on top of ``extra``), alternating the order of the two runs;
+    first the variants read from run folders (``runs``: {name: (sync dir, async dir)}, their
+    iterations ``runs_iterations`` = (first, last), default 2 … ``iterations``)."""
     load_before = [round(x, 2) for x in os.getloadavg()]
     out: dict[str, Any] = {"iterations": iterations, "timed_iterations": f"2..{iterations}",
                            "configs": CONFIGS, "extra_overrides": extra, "load_avg_before": load_before,
                            "variants": {}}
+    for name, (s, a) in (runs or {}).items():
+        first, last = runs_iterations or (2, iterations)
+        out["variants"][name] = from_runs(s, a, last, first)
     with tempfile.TemporaryDirectory(prefix="hybridflow-bench-async-", dir=workdir) as d:
         train_file = ensure_train_file(Path(d))
         out["train_file"] = str(Path(train_file).relative_to(common.ROOT)) if train_file == str(DEMO_TRAIN) else "generated"
@@ -241,6 +265,10 @@ def render(res: dict[str, Any]) -> str:
     head = (common.measured_under(res["environment"]) + f" Load average before {b[0]:.2f} / {b[1]:.2f} / {b[2]:.2f}, "
             f"after {a[0]:.2f} / {a[1]:.2f} / {a[2]:.2f}. Medians of iterations 2–{n} (iteration 1 is a warm-up; "
             f"the async run's drain iteration {n + 1} is cut); validation off; data `{res['train_file']}`.")
+    for name, v in res["variants"].items():
+        if v.get("source") == "run folders":
+            head += (f" Setting *{name}*: read from the run folders {', '.join(r['run_dir'] for r in v['runs'].values())}"
+                     f" (one after the other, not alternated), medians of iterations {v['timed_iterations'].replace('..', '–')}.")
     rows = [row for name, v in res["variants"].items() for row in _variant_rows(name, v)]
     table = common.markdown_table(["setting", "configuration", "iteration s", "tokens/s", "gen s", "old log-probs s",
                                    "update s", "weight sync s", "overlap fraction"], rows, align="ll" + "r" * 7)
@@ -264,12 +292,31 @@ def _variant(text: str) -> tuple[str, dict[str, str]]:
     return name, dict(kv.split("=", 1) for kv in rest.split(",") if kv.strip())
 
 
+def _range(text: str) -> tuple[int, int]:
+    a, sep, b = text.partition("..")
+    if not sep or not a.isdigit() or not b.isdigit() or int(a) > int(b):
+        raise argparse.ArgumentTypeError(f"--runs-iterations takes FIRST..LAST, got {text!r}")
+    return int(a), int(b)
+
+
+def _run_pair(text: str) -> tuple[str, tuple[str, str]]:
+    name, _, rest = text.partition("=")
+    dirs = rest.split(",")
+    if not name or len(dirs) != 2 or not all(dirs):
+        raise argparse.ArgumentTypeError(f"--from-runs takes NAME=SYNC_RUN_DIR,ASYNC_RUN_DIR, got {text!r}")
+    return name, (dirs[0], dirs[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=5, help="iterations per run (iteration 1 is dropped)")
     p.add_argument("--variant", type=_variant, action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                    help="a setting to measure beyond the defaults (repeatable)")
     p.add_argument("--no-default-variants", action="store_true", help="measure only the --variant settings")
+    p.add_argument("--from-runs", type=_run_pair, action="append", default=[], metavar="NAME=SYNC_DIR,ASYNC_DIR",
+                   help="also summarize two existing run folders (iterations 2..--runs-iterations), repeatable")
+    p.add_argument("--runs-iterations", type=_range, default=None, metavar="FIRST..LAST",
+                   help="the timed iterations of --from-runs (default 2..--iterations)")
     p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
                    help="a dotted override for every run (repeatable), e.g. model.path=tiny")
     p.add_argument("--timeout-s", type=float, default=1800, help="per run")
@@ -283,10 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--extra takes KEY=VALUE, got {bad}")
     variants = {} if args.no_default_variants else dict(DEFAULT_VARIANTS)
     variants.update(dict(args.variant))
-    if not variants:
+    if not variants and not args.from_runs:
         p.error("no variant to measure")
     common.exit_cleanly_on_sigterm()
-    res = measure(variants, args.iterations, dict(x.split("=", 1) for x in args.extra), timeout_s=args.timeout_s)
+    res = measure(variants, args.iterations, dict(x.split("=", 1) for x in args.extra), timeout_s=args.timeout_s,
+                  runs=dict(args.from_runs), runs_iterations=args.runs_iterations)
     common.write_result_and_render("async", res, render, out=args.out, docs=not args.no_docs)
     return 0
 

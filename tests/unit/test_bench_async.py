@@ -102,3 +102,24 @@ def test_async_bench_smoke_tiny(tmp_path):
     assert len(res["load_avg_before"]) == len(res["load_avg_after"]) == 3
     text = bench.render(res)
     assert "| tiny | async ÷ sync |" in text and "expected speedup" in text
+
+
+def test_from_runs_reads_two_run_folders(tmp_path):
+    for config, walls in (("sync", [9.0, 6.0, 8.0, 7.0]), ("async", [8.0, 5.0, 4.0, 3.0])):
+        d = tmp_path / config
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("\n".join(
+            json.dumps(_rec(i + 1, w, gen=1.0, update_actor=2.0, weight_sync=0.5 if config == "async" else 0.0))
+            for i, w in enumerate(walls)))
+    v = bench.from_runs(tmp_path / "sync", tmp_path / "async", iterations=3)
+    assert v["timed_iterations"] == "2..3"
+    assert [r["iteration"] for r in v["runs"]["async"]["iterations"]] == [2, 3]
+    # medians: sync (6 + 8) / 2 = 7, async (5 + 4) / 2 = 4.5
+    assert v["ratio_async_to_sync"]["wall_s"] == pytest.approx(4.5 / 7.0)
+    with pytest.raises(ValueError, match="no iterations"):
+        bench.from_runs(tmp_path / "sync", tmp_path / "async", iterations=1)
+    late = bench.from_runs(tmp_path / "sync", tmp_path / "async", iterations=4, first=3)
+    assert late["timed_iterations"] == "3..4" and late["summary"]["sync"]["wall_s"]["median"] == 7.5
+    assert bench._range("12..19") == (12, 19)
+    with pytest.raises(Exception, match="FIRST..LAST"):
+        bench._range("19..12")
