@@ -111,7 +111,9 @@ def test_code_that_never_ends_is_cut_per_case_and_per_row():
 
 
 def test_code_that_never_ends_does_not_trip_the_executor_timeout():
-    cfg = RewardConfig(num_workers=1, code_case_timeout_s=5.0, timeout_s=3.0)
+    # two workers: the good row does not queue behind the looping one, whose row budget (2 s of its
+    # 3 s) is what is tested; on one worker the good row had the last second, too little on a busy machine
+    cfg = RewardConfig(num_workers=2, code_case_timeout_s=5.0, timeout_s=3.0)
     loop = "```python\nwhile True:\n    pass\n```"
     good = "```python\nprint(input())\n```"
     with RewardExecutor(cfg) as ex:
