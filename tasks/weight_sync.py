@@ -75,17 +75,18 @@ def _both(policy: Any, rollout: Any, method: str, args: tuple, kwargs: dict, tim
 
 
 def _broadcast(run: RunContext, policy: Any, rollout: Any, version: int) -> int:
+    import ray
+
     from workers.weight_group import GROUP_TIMEOUT_S
 
     epochs = [policy.weight_group_epoch(), *rollout.weight_group_epoch()]
     if None in epochs or len(set(epochs)) != 1:  # first publish, or a member restarted: form it (again)
-        host, port = policy.weight_group_address()
+        # the store listens on the policy rank 0's node (the pool's own rendezvous helper)
+        host, port = ray.get(policy.pool.actors[0].free_address.remote(), timeout=GROUP_TIMEOUT_S)
         epoch = max((e for e in epochs if e is not None), default=0) + 1
         _both(policy, rollout, "init_weight_group", (host, port, rollout.pool.world_size + 1, epoch), {},
               GROUP_TIMEOUT_S)
     layout = policy.weights_layout()
-    import ray
-
     refs = [policy.pool.actors[0].call.remote("policy", "broadcast_weights", version)]
     refs += [a.call.remote("rollout", "receive_broadcast", layout, version=version, keep=versions_kept(run.cfg()))
              for a in rollout.pool.actors]

@@ -32,10 +32,7 @@ class WeightPublisher:
             return None
         version = self.versions.weights_version
         if version not in self._published:
-            module = self.inference_module
-            trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-            state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()
-                     if self.cfg.model.lora_rank == 0 or k in trainable}
+            state = {k: v.to("cpu", copy=True) for k, v in self._publish_state().items()}
             self._published[version] = (ray.put(state), len(state), sum(t.numel() * t.element_size() for t in state.values()))
             for old in sorted(self._published)[:-keep]:
                 del self._published[old]
@@ -48,17 +45,6 @@ class WeightPublisher:
         trainable = {n for n, p in module.named_parameters() if p.requires_grad}
         return {k: v.detach() for k, v in module.state_dict().items()
                 if self.cfg.model.lora_rank == 0 or k in trainable}
-
-    @dispatch("rank_zero")
-    def weight_group_address(self) -> tuple[str, int]:
-        """(host, free port) for the weight-sync group's store on this rank's node (rank 0)."""
-        import socket
-
-        import ray
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     @dispatch("rank_zero")
     def init_weight_group(self, host: str, port: int, world_size: int, epoch: int) -> int:
