@@ -104,8 +104,29 @@ def shared_prompt_cache(model: nn.Module, prefix_ids: Tensor, prefix_mask: Tenso
     cache = getattr(out, name, None)
     if cache is None or not hasattr(cache, "batch_select_indices"):
         return {}
-    cache.batch_select_indices(inverse)
+    gather_rows(cache, inverse)
     return {name: cache}
+
+
+def gather_rows(cache: object, rows: Tensor) -> None:
+    """Give the cache one batch row per entry of ``rows`` ([B] int64; repeats allowed), in place.
+
+    transformers' ``batch_select_indices`` gathers with advanced indexing (``keys[rows, ...]``),
+    whose backward is ``index_put_(accumulate=True)``: on CPU with more than one thread it adds the
+    repeated rows' gradients with atomic adds in whatever order the threads run, so two identical
+    updates differed in the last bits (issue 15: the demo diverged after its first update).
+    ``index_select``'s backward (``index_add_``) adds them in index order, the same every time.
+    Layers of other kinds (extra per-row state) keep their own ``batch_select_indices``.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in getattr(cache, "layers", None) or [cache]:
+        if type(layer).batch_select_indices is not DynamicLayer.batch_select_indices:
+            layer.batch_select_indices(rows)
+            continue
+        if layer.get_seq_length() > 0:
+            layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))
+            layer.values = layer.values.index_select(0, rows.to(layer.values.device))
 
 
 def attention_mask(batch: Batch) -> Tensor:
@@ -149,4 +170,4 @@ def response_logits(model: nn.Module, batch: Batch) -> Tensor:
     return logits[:, -(r_len + 1) : -1] if kwargs else logits[:, p_len - 1 : -1]
 
 
-__all__ = ["attention_mask", "forward_kwargs", "prompt_groups", "response_logits", "shared_prompt_cache", "shares_prompts"]
+__all__ = ["attention_mask", "forward_kwargs", "gather_rows", "prompt_groups", "response_logits", "shared_prompt_cache", "shares_prompts"]

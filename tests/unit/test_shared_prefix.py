@@ -110,3 +110,53 @@ def test_empty_responses_and_own_position_ids(model):
     pos[1] += 3
     first, inverse = prompt_groups(b["prompt_ids"], b["prompt_mask"], pos)
     assert len(first) == 4 and inverse[0] != inverse[1] and inverse[0] == inverse[2]
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the demo's policy pool; the race needs more than one thread
+    yield
+    torch.set_num_threads(before)
+
+
+def _gather_grad(gather) -> bytes:
+    """The gradient that reaches one prompt's KV cache (SmolLM2-135M's layer shape: 3 KV heads × 48
+    positions × 64) through a gather to its 8 samples, as bytes."""
+    from transformers.cache_utils import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, 3, 48, 64, generator=g, requires_grad=True)
+    values = torch.randn(1, 3, 48, 64, generator=g, requires_grad=True)
+    cache = DynamicCache()
+    cache.update(keys, values, 0)
+    gather(cache, torch.zeros(8, dtype=torch.long))
+    upstream = torch.randn(8, 3, 48, 64, generator=g)
+    layer = cache.layers[0]
+    ((layer.keys * upstream).sum() + (layer.values * upstream).sum()).backward()
+    return keys.grad.numpy().tobytes() + values.grad.numpy().tobytes()
+
+
+def test_the_cache_gather_adds_its_gradient_in_the_same_order_every_time(two_threads):
+    # issue 15 item 8: transformers' batch_select_indices (keys[rows, ...]) backpropagates with
+    # index_put_(accumulate=True), which on CPU adds the 8 samples' gradients with atomics in thread
+    # order: measured here, 21 different results in 200 repeats. gather_rows (index_select) must
+    # give one result.
+    results = {_gather_grad(shared_prefix.gather_rows) for _ in range(200)}
+    assert len(results) == 1
+
+
+def test_the_shared_prompt_forward_gathers_with_gather_rows(model, two_threads, monkeypatch):
+    calls = []
+    real = shared_prefix.gather_rows
+    monkeypatch.setattr(shared_prefix, "gather_rows", lambda c, r: (calls.append(r.tolist()), real(c, r)))
+    monkeypatch.setattr(shared_prefix, "shares_prompts", lambda m: True)
+    grads = set()
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        b = _batch()
+        logits = response_logits(model, b)
+        torch.log_softmax(logits, -1).gather(-1, b["response_ids"][..., None])[..., 0][b["response_mask"]].sum().backward()
+        grads.add(b"".join(p.grad.numpy().tobytes() for p in model.parameters()))
+    assert calls == [[1, 1, 1, 2, 2, 0]] * 3  # the distinct prompts in torch.unique order: "abc" → 1
+    assert len(grads) == 1
