@@ -37,6 +37,7 @@ from workers.pool_errors import PoolError
 from workers.pool_errors import cause as _cause
 from workers.pool_errors import root_cause as _root_cause
 from workers.pool_events import append_event, lost_ranks, pool_events_path, read_pool_events, weights_digest  # noqa: F401 (re-exported)
+from workers.progress import progress_for_run
 
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
 ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward")
@@ -110,6 +111,7 @@ class WorkerHost:
             if role == "reference" and "policy" in self.workers:
                 kwargs["policy"] = self.workers["policy"]
             self.workers[role] = cls(self.cfg, **kwargs)
+            self.workers[role].progress = progress_for_run(self.ckpt_root, self.pool_name, self.rank)
         self._restore_latest()
         self._record_start()
 
