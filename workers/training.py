@@ -198,6 +198,16 @@ class Optimization:
                 bad += 0 if ok else 1
                 if ok:
                     norms.append(norm)
+        out = self._reduced_metrics((tally, terms, maxima), steps, bad, norms, start)
+        _log.info("%s update: %d optimizer steps (%d skipped), %d micro-batches of %d rows on this rank, %.1f s",
+                  self.prefix, steps - bad, bad, count.done, own_rows, out[f"timing_s/update_{self.prefix}"])
+        return out
+
+    def _reduced_metrics(self, tallies: tuple[_Tally, _Tally, _Tally], steps: int, bad: int, norms: list[float],
+                         start: float) -> dict[str, float]:  # fmt: skip
+        """The metrics of an update of ``steps`` optimizer steps (``bad`` skipped) that began at
+        ``start`` (``time.perf_counter()``), reduced over ranks."""
+        tally, terms, maxima = tallies
         p = self.prefix
         out = {_metric_name(p, k): v / steps for k, v in terms.sums.items()}  # mean over steps of per-step sums
         out[f"{p}/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
@@ -209,8 +219,6 @@ class Optimization:
         out[f"{p}/optimizer_steps"] = float(steps - bad)
         out[f"{p}/update_skipped"] = float(bad == steps)
         out[f"timing_s/update_{p}"] = time.perf_counter() - start
-        _log.info("%s update: %d optimizer steps (%d skipped), %d micro-batches of %d rows on this rank, %.1f s",
-                  p, steps - bad, bad, count.done, own_rows, out[f"timing_s/update_{p}"])
         return out
 
     def _step(self, batch: Batch, rows: Tensor, loss_fn: LossFn, micro: int, loss_agg_mode: str,
@@ -237,17 +245,9 @@ class Optimization:
         finite = self._accumulate(batch, mini, plan, loss_fn, loss_agg_mode, max_response_tokens, tallies, count)
         return self._apply_step(finite)
 
-    def _accumulate(
-        self,
-        batch: Batch,
-        mini: Batch,
-        plan: list[MicroBatch],
-        loss_fn: LossFn,
-        loss_agg_mode: str,
-        max_response_tokens: int | None,
-        tallies: tuple[_Tally, _Tally, _Tally],
-        count: Countdown,
-    ) -> bool:
+    def _accumulate(self, batch: Batch, mini: Batch, plan: list[MicroBatch], loss_fn: LossFn, loss_agg_mode: str,
+                    max_response_tokens: int | None, tallies: tuple[_Tally, _Tally, _Tally],
+                    count: Countdown) -> bool:  # fmt: skip
         """Backward of every micro-batch of ``plan`` over ``mini`` (gradients summed, synchronised
         on the last one); True when every loss on this rank was finite. A rank with fewer
         micro-batches than the most any rank has runs zero-weighted passes on ``batch[0]`` so the
