@@ -70,7 +70,7 @@ class Generation:
         sampling = sampling_params_from_config(
             self.cfg.rollout, self.stop_ids, validation=validate, seed=seed + RANK_SEED_STRIDE * self.rank
         )
-        tick = getattr(self, "progress", NO_PROGRESS).tick("validating" if validate else "generating")
+        tick = self.progress.tick("validating" if validate else "generating")
         self.engine.wake_up()
         try:
             if self._multi_turn is not None:  # tools / environment: workers/rollout/multi_turn.py
