@@ -104,9 +104,11 @@ def run_progress_dir(run_dir: str) -> str:
 
 def progress_for_run(ckpt_root: str | None, pool: str, rank: int) -> ProgressSink:
     """The sink of a pool rank of the run that owns ``ckpt_root`` (``<run_dir>/checkpoints``);
-    :data:`NO_PROGRESS` without one (an evaluation's or a debug node's pools)."""
-    if not ckpt_root:
+    :data:`NO_PROGRESS` without one (an evaluation's or a debug node's pools) or when the run
+    folder is a remote URI (``s3://...``: no small files rewritten twice a second there)."""
+    if not ckpt_root or ("://" in ckpt_root and not ckpt_root.startswith("file://")):
         return NO_PROGRESS
+    ckpt_root = ckpt_root.removeprefix("file://")
     return FileProgress(run_progress_dir(os.path.dirname(os.path.normpath(ckpt_root))), pool, rank)
 
 

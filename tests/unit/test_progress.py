@@ -95,6 +95,16 @@ def test_read_progress_sums_ranks_and_keeps_only_recent_phases(tmp_path):
     assert read_progress(str(tmp_path / "nothing-here")) == []
 
 
+def test_a_pool_rank_reports_beside_its_runs_checkpoints_and_only_there(tmp_path):
+    from workers.progress import progress_for_run
+
+    sink = progress_for_run(str(tmp_path / "run-1" / "checkpoints"), "main", 2)
+    sink.report("generating", 1, 1)
+    assert (tmp_path / "run-1" / "progress" / "main.2.generating.json").exists()
+    assert progress_for_run(None, "main", 0) is NO_PROGRESS  # eval / node-run pools
+    assert progress_for_run("s3://bucket/runs/x/checkpoints", "main", 0) is NO_PROGRESS
+
+
 def test_summarize_orders_phases_by_their_last_report():
     recs = [{"phase": "updating policy", "done": 1, "total": 2, "t": 30.0},
             {"phase": "generating", "done": 4, "total": 4, "t": 10.0},
