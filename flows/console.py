@@ -2,12 +2,15 @@
 
 - On a terminal: one live display per run (rich): iteration k/N with elapsed time and ETA, the
   dataflow nodes in progress (read from the run's ``execution_log.jsonl``, which every node
-  appends to when its body starts), and the headline metrics of the last iteration.
+  appends to when its body starts), the phase in progress with its count (``generating:
+  trajectories 24/32``, ``updating policy: micro-batch 3/8``: what the pool ranks report in
+  ``<run_dir>/progress/``, :mod:`workers.progress`), and the headline metrics of the last iteration.
 - Elsewhere (CI, a log file, a Prefect worker): one plain line per iteration and one per
   validation.
 - Quiet by default (``configure_console_logging``): Prefect's per-flow/task-run INFO lines
   (``Finished in state Completed()``) and Ray's ``(pid=...)``-prefixed worker output stay off
-  the console; they still reach Prefect's API logs (each task logs through its run logger).
+  the console; they still reach Prefect's API logs (each task logs through its run logger, and
+  what a pool rank prints during a task's call is forwarded there: :mod:`workers.worker_logs`).
   ``-v`` brings them back.
 """
 
@@ -17,10 +20,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from flows.run_dir import EXECUTION_LOG
+from workers.progress import PhaseProgress, read_progress
 
 CONSOLE_ENV = "HYBRIDFLOW_CONSOLE"  # "quiet" (the CLI's default) or "verbose" (-v); unset: as Prefect/Ray default
 
@@ -35,6 +40,18 @@ HEADLINE: tuple[tuple[str, str, str], ...] = (
     ("timing_s/update_actor", "update", "{:.1f}s"),
     ("timing_s/step", "step", "{:.1f}s"),
 )
+
+
+# the unit each phase counts (workers.progress); other phases show a bare done/total
+PHASE_UNITS = {"generating": "trajectories", "validating": "trajectories",
+               "updating policy": "micro-batch", "updating critic": "micro-batch"}
+
+
+def phase_text(p: PhaseProgress) -> str:
+    """``generating: trajectories 24/32``, ``updating policy: micro-batch 3/8`` (``done`` once complete)."""
+    unit = PHASE_UNITS.get(p.phase, "")
+    text = f"{p.phase}: {unit + ' ' if unit else ''}{p.done}/{p.total}"
+    return text + ("  done" if p.total and p.done >= p.total else "")
 
 
 def configure_console_logging(verbose: bool) -> None:
@@ -100,10 +117,13 @@ def _fmt_s(seconds: float | None) -> str:
 
 class RunConsole:
     """The console of one run. ``live=None``: a live display when ``stream`` is a terminal and
-    the console is not verbose, plain lines otherwise."""
+    the console is not verbose, plain lines otherwise. ``progress(since)``: the phases the workers
+    reported since ``since`` (epoch seconds); default: :func:`workers.progress.read_progress` of
+    ``run_dir``."""
 
     def __init__(self, run_id: str, run_dir: str, total_iterations: int, start_iteration: int = 1, *,
-                 stream: IO[str] | None = None, live: bool | None = None):
+                 stream: IO[str] | None = None, live: bool | None = None,
+                 progress: Callable[[float], list[PhaseProgress]] | None = None):
         self.run_id, self.run_dir, self.total = run_id, run_dir, total_iterations
         self.start_iteration = start_iteration
         self.stream = stream or sys.stdout
@@ -115,6 +135,8 @@ class RunConsole:
         self.last: dict[str, float] = {}
         self.last_val = ""
         self._live: Any = None
+        self.progress = progress or (lambda since: read_progress(run_dir, since))
+        self.phases_since = time.time()  # progress reported before this belongs to finished work
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -134,12 +156,14 @@ class RunConsole:
         self.done += 1
         self.current = it + 1
         self.last = dict(metrics)
+        self.phases_since = time.time()
         if not self.live_mode:
             self._line(f"iteration {it}/{self.total}  {headline(metrics)}  ETA {_fmt_s(self.eta())}")
 
     def validation_done(self, it: int, metrics: dict[str, float]) -> None:
         accs = {k.removeprefix("val-core/"): v for k, v in metrics.items() if k.startswith("val-core/")}
         self.last_val = ", ".join(f"{k} {v:.3f}" for k, v in accs.items())
+        self.phases_since = time.time()
         if not self.live_mode and accs:
             self._line(f"validation {'before training' if it == 0 else f'after iteration {it}'}: {self.last_val}")
 
@@ -188,11 +212,29 @@ class RunConsole:
                      f"iteration {min(self.current, self.total)}/{self.total}",
                      f"elapsed {_fmt_s(time.monotonic() - self.t0)}  ETA {_fmt_s(self.eta())}")
         lines = [grid, f"  in progress: {self.phase()}"]
+        lines += self._phase_rows()
         if self.last:
             lines.append(f"  last iteration: {headline(self.last)}")
         if self.last_val:
             lines.append(f"  validation: {self.last_val}")
         return Group(*lines)
+
+    def _phase_rows(self) -> list[Any]:
+        """One row per phase the workers reported since the last iteration or validation ended,
+        with a bar; nothing when the reporter has nothing (or fails: the display never does)."""
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        try:
+            phases = self.progress(self.phases_since)
+        except Exception:
+            return []
+        rows = []
+        for p in phases:
+            row = Table.grid(padding=(0, 2))
+            row.add_row(f"  {phase_text(p)}", ProgressBar(total=max(p.total, 1), completed=p.done, width=20))
+            rows.append(row)
+        return rows
 
     def _line(self, text: str) -> None:
         self.stream.write(text + "\n")

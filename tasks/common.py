@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +145,33 @@ def take_report(batch: Batch) -> tuple[dict[str, float], list[str]]:
     from the batch, so they are neither saved with it nor reported twice. The one place that
     reads these two keys on the task side."""
     return dict(batch.meta.pop("metrics", None) or {}), list(batch.meta.pop("logs", None) or [])
+
+
+class _ToRunLogger(logging.Handler):
+    def __init__(self, logger: Any, thread: int):
+        super().__init__(logging.INFO)
+        self.logger, self.thread = logger, thread
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread:  # calls made by this task, not by another thread of the process
+            self.logger.log(record.levelno, "%s", record.getMessage())
+
+
+@contextmanager
+def worker_logs_to(logger: Any) -> Iterator[None]:
+    """Inside the block, what pool ranks print during calls made on this thread
+    (:mod:`workers.worker_logs`: re-emitted on ``hybridflow.worker_logs`` when each call returns)
+    goes to ``logger`` (a node's Prefect run logger: the task run's logs in the Prefect UI; on
+    the console only with ``-v``, as Prefect's console handler level decides)."""
+    from workers.worker_logs import WORKER_LOGGER
+
+    handler = _ToRunLogger(logger, threading.get_ident())
+    source = logging.getLogger(WORKER_LOGGER)
+    source.addHandler(handler)
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
 
 
 def forward_logs(logger: Any, node: str, logs: list[str], metrics: dict[str, float] | None = None) -> None:

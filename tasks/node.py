@@ -35,6 +35,7 @@ from tasks.common import (
     record_execution,
     save_node_output,
     take_report,
+    worker_logs_to,
 )
 from tasks.serializer import NodeResultSerializer
 from tasks.types import NodeResult
@@ -149,7 +150,8 @@ def _body(f: Callable, node_name: str, batch_params: frozenset[str]) -> Callable
         _as_results(bound.arguments)
         for p in batch_params:
             bound.arguments[p] = load_node_output(bound.arguments[p])
-        result = wrap_result(run, node_name, f(*bound.args, **bound.kwargs))
+        with worker_logs_to(get_run_logger()):
+            result = wrap_result(run, node_name, f(*bound.args, **bound.kwargs))
         return result.with_metrics({timing: time.perf_counter() - start})
 
     body.__signature__ = sig.replace(return_annotation=NodeResult)  # type: ignore[attr-defined]

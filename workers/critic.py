@@ -22,6 +22,7 @@ from workers import distributed as D
 from workers.dispatch import dispatch
 from workers.micro_batches import chunked_inference, disable_dropout
 from workers.policy import check_versions_agree
+from workers.progress import NO_PROGRESS, ProgressSink
 from workers.shared_prefix import attention_mask
 from workers.training import (
     MicroResult,
@@ -45,6 +46,8 @@ def response_values(model: nn.Module, batch: Batch) -> Tensor:
 
 class CriticWorker:
     """Value model on one data-parallel rank of the critic's pool (DDP or FSDP2)."""
+
+    progress: ProgressSink = NO_PROGRESS  # a pool rank gets a FileProgress (workers.pool.WorkerHost)
 
     def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -100,7 +103,7 @@ class CriticWorker:
         return self.optim.update(
             batch, self._micro_loss, mini_batch_trajectories=c.mini_batch_trajectories,
             micro_batch_trajectories=c.micro_batch_trajectories, epochs=c.ppo_epochs, loss_agg_mode=c.loss_agg_mode,
-            max_response_tokens=self.cfg.rollout.max_response_tokens,
+            max_response_tokens=self.cfg.rollout.max_response_tokens, progress=self.progress.tick("updating critic"),
         )
 
     def _micro_loss(self, model: nn.Module, mb: Batch, plan: Any) -> MicroResult:

@@ -3,13 +3,19 @@ engine) and the rollout role (a separate copy of the policy for asynchronous tra
 :mod:`workers.rollout_worker`).
 
 A class using :class:`Generation` provides ``cfg``, ``rank``, ``engine``, ``stop_ids``,
-``_multi_turn`` (or None) and a ``weights_version`` attribute or property.
+``_multi_turn`` (or None) and a ``weights_version`` attribute or property. It reports
+trajectories finished to ``self.progress`` (:mod:`workers.progress`; phase ``generating``, or
+``validating``) and logs one line per call (``workers.generation``; the task forwards it to
+Prefect, :mod:`workers.worker_logs`).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 import time
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,14 +26,31 @@ from hybridflow.metric_names import METRIC_NAMES
 from workers import distributed as D
 from workers import shared_prefix
 from workers.dispatch import dispatch
+from workers.progress import NO_PROGRESS, ProgressSink, Tick
 
 RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride
+_log = logging.getLogger(__name__)
+
+
+def _engine_generate(engine: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Any, tick: Tick) -> Any:
+    """``engine.generate`` with the progress callback when the engine takes one (hf does: rows
+    finished as they stop); otherwise (vllm, a user's engine) progress is reported once, at the end."""
+    try:
+        takes_progress = "progress" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        takes_progress = False
+    if takes_progress:
+        return engine.generate(prompt_ids, prompt_mask, sampling, progress=tick)
+    out = engine.generate(prompt_ids, prompt_mask, sampling)
+    tick(len(out), len(out))
+    return out
 
 
 class Generation:
     """``generate_sequences`` for a worker with a rollout engine (see the module docstring)."""
 
     weights_version: int
+    progress: ProgressSink = NO_PROGRESS  # a pool rank gets a FileProgress (workers.pool.WorkerHost)
 
     @dispatch("dp_scatter")
     def generate_sequences(self, batch: Batch, *, seed: int, validate: bool = False) -> Batch:
@@ -47,12 +70,13 @@ class Generation:
         sampling = sampling_params_from_config(
             self.cfg.rollout, self.stop_ids, validation=validate, seed=seed + RANK_SEED_STRIDE * self.rank
         )
+        tick = self.progress.tick("validating" if validate else "generating")
         self.engine.wake_up()
         try:
             if self._multi_turn is not None:  # tools / environment: workers/rollout/multi_turn.py
-                out = self._multi_turn.generate(batch, sampling)
+                out = self._multi_turn.generate(batch, sampling, progress=tick)
             else:
-                out = self.engine.generate(batch["prompt_ids"], batch["prompt_mask"], sampling)
+                out = _engine_generate(self.engine, batch["prompt_ids"], batch["prompt_mask"], sampling, tick)
         finally:
             self.engine.sleep()
         rows = batch.repeat_interleave(sampling.n)
@@ -68,6 +92,10 @@ class Generation:
         n = 0 if is_padding(batch) else len(rows)  # a padding stand-in counts for nothing
         rows.meta["metrics"] = self._generation_metrics(lengths[:n], out.finish_reason[:n], time.perf_counter() - start)
         rows.meta["metrics"].update(getattr(out, "metrics", {}))  # multi-turn: already without padding
+        _log.info("rank %d %s %d trajectories in %.1f s: %d stopped, %d at the length limit, mean length %.1f",
+                  self.rank, "validated" if validate else "generated", n, time.perf_counter() - start,
+                  sum(r == "stop" for r in out.finish_reason[:n]), sum(r == "length" for r in out.finish_reason[:n]),
+                  float(lengths[:n].float().mean()) if n else 0.0)
         return rows
 
     def _generation_metrics(self, lengths: Tensor, finish: list[str], seconds: float) -> dict[str, float]:

@@ -25,6 +25,7 @@ from ray.exceptions import GetTimeoutError
 
 from workers.dispatch import DispatchProtocol, get_dispatch, protocol_of
 from workers.pool_errors import PoolError
+from workers.worker_logs import emit as emit_worker_lines
 
 if TYPE_CHECKING:
     from workers.pool import Pool
@@ -50,9 +51,10 @@ def role_class(role: str) -> type:
 def call_ranks(pool: Pool, role: str, method: str, proto: DispatchProtocol, args: tuple, kwargs: dict,
                timeout_s: float | None = None) -> Any:
     """Split (``proto.split``), run ``role.method`` on each rank that gets a part, join (``proto.join``).
+    What each rank printed during the call is re-emitted here (:func:`workers.worker_logs.emit`).
     Raises PoolError naming the pool, rank and method when a rank does not answer within ``timeout_s``."""
     calls, info = proto.split(args, kwargs, pool.world_size)
-    refs = [None if c is None else actor.call.remote(role, method, *c[0], **c[1])
+    refs = [None if c is None else actor.call_logged.remote(role, method, *c[0], **c[1])
             for actor, c in zip(pool.actors, calls, strict=True)]
     results = []
     for rank, ref in enumerate(refs):
@@ -60,9 +62,11 @@ def call_ranks(pool: Pool, role: str, method: str, proto: DispatchProtocol, args
             results.append(None)
             continue
         try:
-            results.append(ray.get(ref, timeout=timeout_s))
+            result, lines = ray.get(ref, timeout=timeout_s)
         except GetTimeoutError:
             raise PoolError(f"pool {pool.name!r} rank {rank}: {role}.{method} timed out after {timeout_s}s") from None
+        emit_worker_lines(pool.name, rank, role, method, lines)
+        results.append(result)
     return proto.join([r for r in results if r is not None] if proto.name not in ("broadcast", "rank_zero") else results, info)
 
 

@@ -215,6 +215,7 @@ class PolicyWorker(Generation, WeightPublisher):
             mini_batch_trajectories=a.mini_batch_trajectories, micro_batch_trajectories=a.micro_batch_trajectories,
             epochs=a.ppo_epochs, loss_agg_mode=a.loss_agg_mode, max_response_tokens=self.cfg.rollout.max_response_tokens,
             shuffle_seed=self.cfg.trainer.seed + self.versions.weights_version if a.shuffle else None,
+            progress=self.progress.tick("updating policy"),
         )
         if a.use_kl_loss:
             metrics["actor/kl_coef"] = a.kl_loss_coef

@@ -30,6 +30,7 @@ from ray.util.placement_group import get_placement_group, placement_group, remov
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.config import ExperimentConfig, PoolConfig, config_from_dict
+from workers import worker_logs
 from workers.dispatch import get_dispatch, protocol_of
 from workers.handles import ROLE_CLASSES, RoleHandle, call_ranks, role_class  # noqa: F401 (re-exported)
 from workers.placement import PoolResourceError, bundle_of, check_pool_fits_cluster, describe, node_id
@@ -37,6 +38,7 @@ from workers.pool_errors import PoolError
 from workers.pool_errors import cause as _cause
 from workers.pool_errors import root_cause as _root_cause
 from workers.pool_events import append_event, lost_ranks, pool_events_path, read_pool_events, weights_digest  # noqa: F401 (re-exported)
+from workers.progress import progress_for_run
 
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
 ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward")
@@ -52,8 +54,9 @@ def resolve_device(cfg: ExperimentConfig, pool_cfg: PoolConfig) -> str:
     return "cuda" if pool_cfg.gpus_per_worker > 0 else "cpu"
 
 
-class WorkerHost:
-    """The process behind one rank of a pool. Plain class; :func:`create_pool` makes it remote."""
+class WorkerHost(worker_logs.LoggedCalls):
+    """The process behind one rank of a pool. Plain class; :func:`create_pool` makes it remote.
+    Workers report progress (:mod:`workers.progress`); ``call_logged``: :mod:`workers.worker_logs`."""
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class WorkerHost:
         self.device = resolve_device(self.cfg, self.pool_cfg)
         self.workers: dict[str, Any] = {}
         self.restored_from: str | None = None
+        worker_logs.install()
         if torch_threads:
             import torch
 
@@ -110,6 +114,7 @@ class WorkerHost:
             if role == "reference" and "policy" in self.workers:
                 kwargs["policy"] = self.workers["policy"]
             self.workers[role] = cls(self.cfg, **kwargs)
+            self.workers[role].progress = progress_for_run(self.ckpt_root, self.pool_name, self.rank)
         self._restore_latest()
         self._record_start()
 

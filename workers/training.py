@@ -25,6 +25,7 @@ the update was applied.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -38,6 +39,9 @@ from hybridflow.algorithms.aggregation import MicroBatch, accumulation_plan
 from hybridflow.batch import Batch, is_padding
 from workers import distributed as D
 from workers.micro_batches import by_length
+from workers.progress import Countdown, Tick
+
+_log = logging.getLogger(__name__)
 
 
 class VersionMismatchError(RuntimeError):
@@ -163,9 +167,11 @@ class Optimization:
         loss_agg_mode: str,
         max_response_tokens: int | None,
         shuffle_seed: int | None = None,
+        progress: Tick | None = None,
     ) -> dict[str, float]:
         """Run ``epochs`` × mini-batch steps over this rank's ``batch``; returns metrics reduced
         over ranks (``<prefix>/...``). ``shuffle_seed``: permute rows each epoch (None = keep order).
+        ``progress``: called with (micro-batches run, micro-batches of the update) on this rank.
 
         Every rank must call it (collective). A padding stand-in (:func:`hybridflow.batch.is_padding`,
         a rank with no rows of its own) trains on no rows: it only runs the zero-weighted passes
@@ -178,6 +184,8 @@ class Optimization:
         global_rows = int(D.all_reduce_sum(torch.tensor([own_rows], dtype=torch.float64)).item())
         n_mini = max(1, math.ceil(global_rows / mini_batch_trajectories))
         tally, terms, maxima, steps, bad, norms = _Tally(), _Tally(), _Tally(), 0, 0, []
+        per_epoch = sum(-(-len(c) // micro_batch_trajectories) for c in torch.arange(own_rows).tensor_split(n_mini))
+        count = Countdown(progress, epochs * per_epoch)
         for epoch in range(epochs):
             order = torch.arange(own_rows)
             if shuffle_seed is not None:
@@ -185,11 +193,21 @@ class Optimization:
                 order = torch.randperm(own_rows, generator=gen)
             for rows in order.tensor_split(n_mini):
                 ok, norm = self._step(batch, rows, loss_fn, micro_batch_trajectories, loss_agg_mode,
-                                      max_response_tokens, (tally, terms, maxima))
+                                      max_response_tokens, (tally, terms, maxima), count)
                 steps += 1
                 bad += 0 if ok else 1
                 if ok:
                     norms.append(norm)
+        out = self._reduced_metrics((tally, terms, maxima), steps, bad, norms, start)
+        _log.info("%s update: %d optimizer steps (%d skipped), %d micro-batches of %d rows on this rank, %.1f s",
+                  self.prefix, steps - bad, bad, count.done, own_rows, out[f"timing_s/update_{self.prefix}"])
+        return out
+
+    def _reduced_metrics(self, tallies: tuple[_Tally, _Tally, _Tally], steps: int, bad: int, norms: list[float],
+                         start: float) -> dict[str, float]:  # fmt: skip
+        """The metrics of an update of ``steps`` optimizer steps (``bad`` skipped) that began at
+        ``start`` (``time.perf_counter()``), reduced over ranks."""
+        tally, terms, maxima = tallies
         p = self.prefix
         out = {_metric_name(p, k): v / steps for k, v in terms.sums.items()}  # mean over steps of per-step sums
         out[f"{p}/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
@@ -203,16 +221,9 @@ class Optimization:
         out[f"timing_s/update_{p}"] = time.perf_counter() - start
         return out
 
-    def _step(
-        self,
-        batch: Batch,
-        rows: Tensor,
-        loss_fn: LossFn,
-        micro: int,
-        loss_agg_mode: str,
-        max_response_tokens: int | None,
-        tallies: tuple[_Tally, _Tally, _Tally],
-    ) -> tuple[bool, float]:
+    def _step(self, batch: Batch, rows: Tensor, loss_fn: LossFn, micro: int, loss_agg_mode: str,
+              max_response_tokens: int | None, tallies: tuple[_Tally, _Tally, _Tally],
+              count: Countdown) -> tuple[bool, float]:  # fmt: skip
         """One optimizer step on the mini-batch ``batch[rows]``; returns (applied, grad norm).
 
         The mini-batch's rows are ordered (:func:`by_length`: by length, or by prompt then length
@@ -231,19 +242,12 @@ class Optimization:
             world_size=self.world_size,
         )
         self.optimizer.zero_grad(set_to_none=True)
-        finite = self._accumulate(batch, mini, plan, loss_fn, loss_agg_mode, max_response_tokens, tallies)
+        finite = self._accumulate(batch, mini, plan, loss_fn, loss_agg_mode, max_response_tokens, tallies, count)
         return self._apply_step(finite)
 
-    def _accumulate(
-        self,
-        batch: Batch,
-        mini: Batch,
-        plan: list[MicroBatch],
-        loss_fn: LossFn,
-        loss_agg_mode: str,
-        max_response_tokens: int | None,
-        tallies: tuple[_Tally, _Tally, _Tally],
-    ) -> bool:
+    def _accumulate(self, batch: Batch, mini: Batch, plan: list[MicroBatch], loss_fn: LossFn, loss_agg_mode: str,
+                    max_response_tokens: int | None, tallies: tuple[_Tally, _Tally, _Tally],
+                    count: Countdown) -> bool:  # fmt: skip
         """Backward of every micro-batch of ``plan`` over ``mini`` (gradients summed, synchronised
         on the last one); True when every loss on this rank was finite. A rank with fewer
         micro-batches than the most any rank has runs zero-weighted passes on ``batch[0]`` so the
@@ -263,6 +267,7 @@ class Optimization:
                     terms.add(res.loss_terms)
                     maxima.add_max(res.maxima)
                     res.loss.backward()
+                    count.advance()
                 else:  # keep collectives in step with ranks that have more micro-batches
                     dummy = batch.index([0])
                     res = loss_fn(self.model, dummy, MicroBatch(slice(0, 1), loss_agg_mode, 1.0, max_response_tokens))
@@ -386,11 +391,4 @@ class VersionedUpdates:
         self.last_metrics = sd["last_metrics"]
 
 
-__all__ = [
-    "VersionMismatchError",
-    "OptimSettings",
-    "lr_at",
-    "MicroResult",
-    "Optimization",
-    "VersionedUpdates",
-]
+__all__ = ["VersionMismatchError", "OptimSettings", "lr_at", "MicroResult", "Optimization", "VersionedUpdates"]

@@ -76,10 +76,49 @@ def test_console_is_a_few_plain_lines_per_iteration(cli_run):
         assert "Finished in state" not in text, text[-2000:]
         assert not re.search(r"\((\w+ )?pid=\d+", text), text[-2000:]  # Ray's worker prefixes
         assert "Task run" not in text and "Flow run" not in text, text[-2000:]
+        assert "workers.generation" not in text and "workers.training" not in text, text[-2000:]  # worker lines: Prefect only
     # the summary table and the UI commands follow; the whole console stays short
     assert "hybridflow run summary" in out
     assert len(lines) <= 4 * ITERATIONS + 30, out
     assert len(err.splitlines()) <= 3, err  # e.g. Ray's one-line token-auth notice
+
+
+def test_workers_reported_progress_to_the_run_folder(cli_run):
+    """The pool ranks (Ray actors) wrote their last counts where the live display reads them."""
+    from workers.progress import read_progress
+
+    phases = {p.phase: p for p in read_progress(str(cli_run["run_dir"]))}
+    assert {"generating", "validating", "updating policy"} <= set(phases), phases
+    for p in phases.values():
+        assert p.total > 0 and p.done == p.total, p
+    # the last iteration: 2 prompts × 2 samples (tiny_overrides); the last validation: one per test prompt
+    assert phases["generating"].total == 4, phases
+
+
+def _task_logs(client) -> list[str]:
+    out, offset = [], 0
+    while batch := client.read_logs(limit=200, offset=offset):
+        out += [log.message for log in batch if log.task_run_id is not None]
+        offset += len(batch)
+    return out
+
+
+def test_worker_lines_reach_the_prefect_task_logs(cli_run):
+    """What a pool rank logs during a call is in the Prefect task run's logs (quiet console)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deadline = time.monotonic() + 60
+        while True:  # task logs are shipped to the API in batches
+            logs = _task_logs(client)
+            gen = [m for m in logs if re.search(r"\[\w+ rank 0 policy\.generate_sequences\] INFO workers\.generation: "
+                                                r"rank 0 generated 4 trajectories", m)]
+            upd = [m for m in logs if re.search(r"\[\w+ rank 0 policy\.update_policy\] INFO workers\.training: "
+                                                r"actor update: 1 optimizer steps", m)]
+            if (len(gen) >= ITERATIONS and len(upd) >= ITERATIONS) or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+    assert len(gen) == ITERATIONS and len(upd) == ITERATIONS, [m for m in logs if "rank 0" in m][:20]
 
 
 # ---- Prefect: artifacts and events ---------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_call_ranks_returns_rank_zeros_none(monkeypatch):
 
     class Actor:
         def __init__(self, answer):
-            self.call = SimpleNamespace(remote=lambda role, method, *a, **k: answer)
+            self.call_logged = SimpleNamespace(remote=lambda role, method, *a, **k: (answer, [f"said {answer}"]))
 
     monkeypatch.setattr(H.ray, "get", lambda ref, timeout=None: ref)
     pool = SimpleNamespace(actors=[Actor(None), Actor(7)], world_size=2, name="p")

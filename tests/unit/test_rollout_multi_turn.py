@@ -127,6 +127,15 @@ def test_rows_at_different_turns_share_engine_calls(runner):
     assert out.non_tensors["num_turns"] == [1, 3] and out.finish_reason == ["stop", "stop"]
 
 
+def test_progress_counts_finished_trajectories_after_each_round(runner):
+    engine = ScriptedEngine({"QA": ["done"], "QB": [call("add", a=1, b=1), call("add", a=2, b=2), "4"]})
+    cfg = config_from_dict({"rollout": TOOLS}).rollout
+    seen = []
+    MultiTurnRollout(engine, TOK, cfg, runner).generate(batch_of(["QA", "QB"]), SamplingParams(
+        max_new_tokens=cfg.max_response_tokens), progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 2), (1, 2), (2, 2)]  # QA ends in round 1, QB in round 3
+
+
 def test_observation_is_truncated_in_the_middle(runner):
     cfg = {**TOOLS, "multi_turn": {"max_observation_tokens": 40}}
     out = rollout(runner, ScriptedEngine({"Q": [call("calculator", expression="10 ** 60"), "ok"]}), cfg, ["Q"])

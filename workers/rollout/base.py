@@ -104,7 +104,9 @@ class RolloutEngine(Protocol):
     """A generation backend. ``generate`` takes left-padded prompts; weights come in by ``load_weights``."""
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> RolloutOutput:
-        """prompt_ids [B, P] int64 left padded, prompt_mask [B, P] bool → B*n trajectories."""
+        """prompt_ids [B, P] int64 left padded, prompt_mask [B, P] bool → B*n trajectories.
+        An engine may also take ``progress=`` (a ``(done, total)`` callback, :mod:`workers.progress`)
+        and call it as trajectories finish; without it the caller reports once, at the end."""
         ...
 
     def load_weights(self, named_tensors: NamedTensors) -> None:

@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList
 
 from hybridflow.algorithms.sequences import position_ids_from_mask
+from workers.progress import Tick
 from workers.rollout.base import (
     NamedTensors,
     RolloutOutput,
@@ -37,6 +38,7 @@ from workers.rollout.base import (
     register_rollout_engine,
     right_pad,
 )
+from workers.rollout.finished_rows import FinishedRows
 from workers.shared_prefix import forward_kwargs, shared_prompt_cache
 
 
@@ -158,8 +160,11 @@ class HFRolloutEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> RolloutOutput:
-        """B left-padded prompts → B*n trajectories (prompt-major). See RolloutOutput for shapes."""
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams,
+                 progress: Tick | None = None) -> RolloutOutput:
+        """B left-padded prompts → B*n trajectories (prompt-major). See RolloutOutput for shapes.
+        progress: called with (trajectories finished, B*n) as rows stop (:class:`FinishedRows`)
+        and after each chunk of ``generation_batch_trajectories`` rows."""
         if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
             raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)}")
         rows = prompt_ids.shape[0] * sampling.n
@@ -176,7 +181,10 @@ class HFRolloutEngine:
             for start in range(0, rows, self.generation_batch_trajectories):
                 chunk = row_prompt[start : start + self.generation_batch_trajectories]
                 chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
-                outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u))
+                counter = None if progress is None else FinishedRows(sampling.stop_token_ids, progress, start, rows)
+                outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u, counter))
+                if progress is not None:
+                    progress(start + len(chunk), rows)
         finally:
             self.model.train(was_training)
         return RolloutOutput(
@@ -188,7 +196,7 @@ class HFRolloutEngine:
 
     def _generate_chunk(
         self, prompt_ids: Tensor, prompt_mask: Tensor, row_prompt: Tensor, sampling: SamplingParams,
-        uniforms: Tensor | None,
+        uniforms: Tensor | None, counter: FinishedRows | None = None,
     ) -> RolloutOutput:
         """Trajectories ``row_prompt`` (prompt index per row) in one ``generate`` call."""
         unique, inverse = torch.unique_consecutive(row_prompt, return_inverse=True)
@@ -214,6 +222,7 @@ class HFRolloutEngine:
                 attention_mask=mask[inverse].long(),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=StoppingCriteriaList([counter] if counter is not None else []),
                 **extra,
             )
         response = seqs[:, prompt_len:].cpu()

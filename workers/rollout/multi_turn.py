@@ -34,6 +34,7 @@ from torch import Tensor
 from hybridflow.agents.checks import TOOLS_ENVIRONMENT, environment_spec
 from hybridflow.agents.render import ChatRenderer, truncate_middle
 from hybridflow.batch import is_padding
+from workers.progress import Tick
 from workers.rollout.base import RolloutOutput, SamplingParams, right_pad
 
 TRUNCATION_MARKER = "\n...[truncated]...\n"
@@ -118,9 +119,10 @@ class MultiTurnRollout:
         return cls(engine, tokenizer, cfg.rollout, EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins))
 
     # ---- the loop ------------------------------------------------------------------------------
-    def generate(self, batch: Any, sampling: SamplingParams) -> MultiTurnOutput:
+    def generate(self, batch: Any, sampling: SamplingParams, progress: Tick | None = None) -> MultiTurnOutput:
         """Batch of B prompts (prompt_ids/prompt_mask + raw_chat, extra_info, ... non-tensors) →
-        B*n trajectories, prompt-major. ``sampling.max_new_tokens`` is the whole response budget."""
+        B*n trajectories, prompt-major. ``sampling.max_new_tokens`` is the whole response budget.
+        progress: called with (trajectories finished, B*n) after every round of turns."""
         trajs = self._start(batch, sampling.n)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
         round_ = 0
@@ -132,6 +134,8 @@ class MultiTurnRollout:
             for t, outcome in zip(stepping, outcomes, strict=True):
                 self._after_step(t, outcome, sampling.max_new_tokens)
             round_ += 1
+            if progress is not None:
+                progress(sum(t.finish is not None for t in trajs), len(trajs))
         return self._output(trajs, counted=not (hasattr(batch, "meta") and is_padding(batch)))
 
     def _start(self, batch: Any, n: int) -> list[Trajectory]:
