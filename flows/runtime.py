@@ -19,6 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hybridflow.config import ExperimentConfig
 
@@ -164,5 +165,21 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     needed = sum(p.workers * p.cpus_per_worker for p in cfg.placement.pools.values())
     num_cpus = cfg.placement.ray_num_cpus or max(float(os.cpu_count() or 1), needed)
     num_gpus = sum(p.workers * p.gpus_per_worker for p in cfg.placement.pools.values())
-    ray.init(num_cpus=int(-(-num_cpus // 1)), num_gpus=int(-(-num_gpus // 1)) or None,
-             _node_ip_address="127.0.0.1", **kwargs)
+    _init_local_ray(num_cpus=int(-(-num_cpus // 1)), num_gpus=int(-(-num_gpus // 1)) or None,
+                    _node_ip_address="127.0.0.1", **kwargs)
+
+
+def _init_local_ray(attempts: int = 3, **kwargs: Any) -> None:
+    """``ray.init`` of a local node, tried again when Ray gives up waiting for its own raylet
+    (a fixed 30 s in ray/_private/node.py: "The current node timed out during startup"), which a
+    loaded 2-core machine reached at load average 30; any other error is raised at once."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception here
+            if "timed out during startup" not in str(e) or attempt == attempts:
+                raise
+            ray.shutdown()

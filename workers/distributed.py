@@ -1,8 +1,11 @@
 """torch.distributed helpers for the data-parallel ranks of one pool.
 
 - :func:`init_process_group` / :func:`find_free_port`: what the pool calls on each rank
-  before it builds the workers (gloo on CPU, NCCL on CUDA; TCP rendezvous on 127.0.0.1
-  unless told otherwise).
+  before it builds the workers (gloo on CPU, NCCL on CUDA).
+- :func:`rendezvous_address`, :func:`rendezvous_url`, :func:`rendezvous_store`: where ranks meet.
+  On a loopback host (every rank on this node: the local default) a file store in the temp
+  folder, which opens no socket; torch's TCPStore listens on every interface (``::``), so it is
+  used only when the ranks span nodes.
 - :func:`wrap_for_training`: DDP or FSDP2 (``torch.distributed.fsdp.fully_shard``).
   Both work on CPU with gloo in torch 2.13 (FSDP2 shards each decoder layer — the classes
   in the model's ``_no_split_modules`` — and then the root).
@@ -19,7 +22,10 @@ compensates by dividing each rank's loss by (global normaliser / world_size), se
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
 import socket
+import tempfile
 import zlib
 from collections.abc import Iterator
 from datetime import timedelta
@@ -37,6 +43,45 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _store_file(port: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"hybridflow-rendezvous-{port}")
+
+
+def rendezvous_address(host: str) -> tuple[str, int]:
+    """(host, a port free on it a moment ago): what rank 0 hands the other ranks. On a loopback
+    host the port only names the file store (:func:`rendezvous_url`); a stale file of that name,
+    left by a group that died, is removed here, before any rank opens it."""
+    port = find_free_port("127.0.0.1" if _is_loopback(host) else "")
+    if _is_loopback(host):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_store_file(port))
+    return host, port
+
+
+def rendezvous_url(host: str, port: int) -> str:
+    """The ``init_method`` of a group whose rank 0 gave (host, port): ``file://<tmp>/hybridflow-
+    rendezvous-<port>`` on a loopback host, else ``tcp://host:port``. Issue 15 item 5: a local
+    run listens on 127.0.0.1 only, and torch's TCPStore would listen on every interface."""
+    return f"file://{_store_file(port)}" if _is_loopback(host) else f"tcp://{host}:{port}"
+
+
+def rendezvous_store(host: str, port: int, world_size: int, rank: int, timeout: timedelta) -> dist.Store:
+    """The store of :func:`rendezvous_url` as an object (for process groups built directly on
+    a store): a ``FileStore`` on a loopback host, else a ``TCPStore`` that rank 0 serves."""
+    if _is_loopback(host):
+        store = dist.FileStore(_store_file(port), world_size)
+        store.set_timeout(timeout)
+        return store
+    return dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
 
 
 def init_process_group(
@@ -64,7 +109,7 @@ def init_process_group(
     backend = "nccl" if str(device).startswith("cuda") else "gloo"
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
+        init_method=rendezvous_url(master_addr, master_port),
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
@@ -221,6 +266,9 @@ def full_model_state_dict(model: nn.Module) -> dict[str, Tensor]:
 __all__ = [
     "find_free_port",
     "init_process_group",
+    "rendezvous_address",
+    "rendezvous_store",
+    "rendezvous_url",
     "is_distributed",
     "all_reduce_sum",
     "all_reduce_max",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -87,10 +86,9 @@ class WorkerHost(worker_logs.LoggedCalls):
 
     # ---- distributed set-up (multi-rank pools) ----
     def free_address(self) -> tuple[str, int]:
-        ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ip, s.getsockname()[1]
+        from workers import distributed as D
+
+        return D.rendezvous_address(ray.util.get_node_ip_address())
 
     def init_distributed(self, addr: str, port: int) -> None:
         import torch
@@ -99,9 +97,9 @@ class WorkerHost(worker_logs.LoggedCalls):
         backend = "nccl" if self.device == "cuda" else "gloo"
         if self.device == "cuda":
             torch.cuda.set_device(0)
-        dist.init_process_group(
-            backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=self.world_size
-        )
+        from workers.distributed import rendezvous_url
+
+        dist.init_process_group(backend, init_method=rendezvous_url(addr, port), rank=self.rank, world_size=self.world_size)
 
     def setup(self) -> None:
         for role in ROLE_ORDER:

@@ -24,7 +24,8 @@ GROUP_TIMEOUT_S = 120.0  # forming the group, and one publish's broadcasts
 class WeightGroup:
     """This process's member of the weight-sync group (see the module docstring).
 
-    host/port: the TCPStore (rank 0 listens); rank: 0 for the policy, 1 … R for the rollout
+    host/port: where the group meets (:func:`workers.distributed.rendezvous_store`: a file store
+    on a loopback host, else a TCPStore rank 0 serves); rank: 0 for the policy, 1 … R for the rollout
     ranks; world_size: R + 1; device: where tensors are broadcast ("cuda" → NCCL, else Gloo).
     Raises RuntimeError (torch's) when the group cannot form within GROUP_TIMEOUT_S."""
 
@@ -33,7 +34,9 @@ class WeightGroup:
 
         timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        from workers.distributed import rendezvous_store
+
+        self.store = rendezvous_store(host, port, world_size, rank, timeout)
         if device.type == "cuda":
             self.group: Any = dist.ProcessGroupNCCL(self.store, rank, world_size)
         else:
