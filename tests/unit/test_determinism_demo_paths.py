@@ -9,6 +9,12 @@ lengths), the fused AdamW step and the 49152-wide LM head. One of them runs unde
 ``torch.use_deterministic_algorithms(True)``, which raises on an operation known to be
 non-deterministic. Both must agree bit for bit: the weights after the update, and the second
 rollout's tokens and log-probs.
+
+What this test missed (issue 15 item 8, found in session 7): on CPU that flag does not raise for
+``index_put_(accumulate=True)``, it switches it to a sorted, deterministic kernel — so the flagged
+process was always right and the default process agreed unless the race in the old KV-cache
+gather's backward happened to reorder. The gather and its race have a direct test now:
+tests/unit/test_shared_prefix.py::test_the_cache_gather_adds_its_gradient_in_the_same_order_every_time.
 """
 
 from __future__ import annotations
