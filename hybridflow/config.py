@@ -449,7 +449,8 @@ class TrainerConfig(_Section):
     total_epochs: int = Field(100, gt=0, description="Upper bound on passes over the training prompts.")
     seed: int = Field(0, description="Seed for sampling, shuffling and initialisation.")
     run_dir: str = Field("runs", description="Parent folder of run directories: a path every node sees "
-                         "(a shared mount), plain or as a file:// URI.")
+                         "(a shared mount), plain (a relative path is the driver's working directory's) or as a "
+                         "file:///abs/path URI; object-store URIs are refused (not supported yet).")
     run_id: str | None = Field(None, description="Run name; None = generated from time.")
     save_every: int = Field(5, ge=0, description="Checkpoint every N iterations (0 = only at the end).")
     val_every: int = Field(5, ge=0, description="Validate every N iterations (0 = never).")
@@ -492,13 +493,22 @@ class TrainerConfig(_Section):
     @field_validator("run_dir")
     @classmethod
     def _local_run_dir(cls, v: str) -> str:
-        """``file://`` URIs become their path; other schemes fail (run state, checkpoints and pool
-        events are written with local file APIs, so an object store cannot hold a run yet)."""
-        if v.startswith("file://"):
-            return v[len("file://"):] or "/"
+        """``file:///abs/path`` (or ``file://localhost/abs/path``) becomes ``/abs/path``; a
+        ``file://`` URI naming another host, and every other scheme (``s3://``, ``gs://``,
+        ``memory://``, ...), fails: run state, checkpoints, locks and pool events are written with
+        local file APIs, so an object store cannot hold a run yet. A plain relative path is
+        resolved against the driver's working directory once, when the run opens."""
+        from urllib.parse import unquote, urlsplit
+
+        if v.startswith("file:"):
+            parts = urlsplit(v)
+            if parts.netloc not in ("", "localhost"):
+                raise ValueError(f"a file:// URI names a path on this machine, file:///abs/path; "
+                                 f"{v!r} names host {parts.netloc!r}")
+            return unquote(parts.path) or "/"
         if "://" in v:
             raise ValueError("the run directory must be a path every node sees (a shared mount), plain or "
-                             "file://; object-store URIs are not supported for trainer.run_dir yet")
+                             "file:///abs/path; object-store URIs are not supported for trainer.run_dir yet")
         return v
 
 

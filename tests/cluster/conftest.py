@@ -1,6 +1,6 @@
 """Services for the cluster tests (``make test-cluster``; ``make test`` skips this folder): a real
-two-node Ray cluster, a PostgreSQL server and a Prefect server on it, started here on loopback
-addresses and stopped by the process groups and PIDs we started."""
+two-node Ray cluster, a PostgreSQL server and the Prefect and MLflow servers on it, started here on
+loopback addresses and stopped by the process groups and PIDs we started."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.postgres import start_postgres, start_prefect_on_postgres
+from tests.cluster.postgres import (
+    start_mlflow_on_postgres,
+    start_postgres,
+    start_prefect_on_postgres,
+    wait_healthy,
+)
 from tests.cluster.ray_cluster import REPO, LocalRayCluster, cluster_env
 from tests.train_process import start_train
 
@@ -42,6 +47,26 @@ def prefect_api(postgres, tmp_path_factory):
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(postgres, tmp_path_factory):
+    """``mlflow server`` with its backend store on PostgreSQL (tests/cluster/postgres.py); the URL.
+    Requested before the cluster and the Prefect server, it starts while they start: the
+    fixture waits for its /health only after the others are up (``mlflow_url``)."""
+    home = tmp_path_factory.mktemp("mlflow-pg")
+    server = start_mlflow_on_postgres(postgres, home)
+    try:
+        yield server, home
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_url(mlflow_server) -> str:
+    server, home = mlflow_server
+    wait_healthy(server, home / "server.log")
+    return server.url
 
 
 @pytest.fixture(scope="session")

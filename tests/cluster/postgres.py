@@ -1,4 +1,4 @@
-"""A throw-away PostgreSQL server for tests: ``initdb`` into a temp folder, ``pg_ctl start`` on
+"""A throw-away PostgreSQL server for tests, and the Prefect and MLflow servers on it: ``initdb`` into a temp folder, ``pg_ctl start`` on
 127.0.0.1 with a free port (its Unix socket in that folder too), stopped with ``pg_ctl stop``
 (fast, then immediate). The binaries come from Debian's ``postgresql`` package (``make
 test-cluster`` installs it when missing): ``initdb``/``pg_ctl`` on PATH or under
@@ -73,7 +73,9 @@ def start_postgres(data: Path) -> Postgres:
 
 
 @dataclass
-class PrefectOnPostgres:
+class Server:
+    """A server process in its own process group, at ``url``."""
+
     url: str
     proc: subprocess.Popen
 
@@ -91,29 +93,58 @@ class PrefectOnPostgres:
                 continue
 
 
-def start_prefect_on_postgres(pg: Postgres, home: Path, timeout_s: float = 300) -> PrefectOnPostgres:
+def start_prefect_on_postgres(pg: Postgres, home: Path, timeout_s: float = 300) -> Server:
     """``prefect server start`` on 127.0.0.1 with PREFECT_API_DATABASE_CONNECTION_URL on ``pg``
     (database ``prefect``); waits until /api/health answers. Its own process group."""
     import sys
-    import time
-
-    from flows.runtime import api_healthy
 
     pg.create_db("prefect")
     port = find_free_port()
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("asyncpg", "prefect")}
+           "PREFECT_UI_ENABLED": "false", "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("asyncpg", "prefect"),
+           # a run refused by a deployment's concurrency limit is scheduled again this many seconds
+           # later (AwaitingConcurrencySlot; Prefect's default is 30)
+           "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "2"}
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.Popen([str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1",
                              "--port", str(port)], env=env, stdout=open(home / "server.log", "ab"),
                             stderr=subprocess.STDOUT, start_new_session=True)
-    server = PrefectOnPostgres(f"http://127.0.0.1:{port}/api", proc)
+    server = Server(f"http://127.0.0.1:{port}/api", proc)
+    wait_healthy(server, home / "server.log", timeout_s)
+    return server
+
+
+def start_mlflow_on_postgres(pg: Postgres, home: Path) -> Server:
+    """``mlflow server`` on 127.0.0.1 with its backend store on ``pg`` (database ``mlflow``, as
+    ``postgresql+psycopg2://``: SQLAlchemy 2.1 maps a bare ``postgresql://`` to psycopg 3, which is
+    not installed) and artifacts served over HTTP from ``home/artifacts``
+    (``--artifacts-destination``): clients never see that folder. Returns at once;
+    :func:`wait_healthy` waits for /health (the first start creates MLflow's tables: ~45 s here)."""
+    import sys
+
+    pg.create_db("mlflow")
+    port = find_free_port()
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", pg.url("psycopg2", "mlflow"),
+           "--artifacts-destination", str(home / "artifacts"), "--serve-artifacts",
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PG"))}
+    proc = subprocess.Popen(cmd, cwd=home, env=env, stdout=open(home / "server.log", "ab"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    return Server(f"http://127.0.0.1:{port}", proc)
+
+
+def wait_healthy(server: Server, log: Path, timeout_s: float = 300) -> None:
+    """Until ``GET {url}/health`` answers 200; RuntimeError with the log's tail when the server
+    exits or ``timeout_s`` passes."""
+    import time
+
+    from flows.runtime import api_healthy
+
     deadline = time.monotonic() + timeout_s
     while not api_healthy(server.url):
-        if proc.poll() is not None or time.monotonic() > deadline:
+        if server.proc.poll() is not None or time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError("Prefect server on PostgreSQL did not come up:\n"
-                               + (home / "server.log").read_text(errors="replace")[-3000:])
+            raise RuntimeError(f"{server.url} did not come up:\n" + log.read_text(errors="replace")[-3000:])
         time.sleep(0.5)
-    return server

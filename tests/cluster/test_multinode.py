@@ -7,7 +7,8 @@ run in each node's own working directory, not the driver's.
   records each rank's Ray node id beside its pid) and gloo DDP keeps their weights identical —
   with 1 prompt per step, so rank 1 gets no group of its own every iteration (uneven batches),
   and 3 validation prompts on 2 ranks;
-- PACK keeps the pool on one node (with ``trainer.run_dir`` given as a ``file://`` URI);
+- PACK keeps the pool on one node (with ``trainer.run_dir`` given as a ``file://`` URI: the lock,
+  batches, checkpoints, Prefect results and ledger all land in that one folder);
 - a pool the cluster can never hold fails at start in one line;
 - node failure: node2's raylet is SIGKILLed (by PID) while the pool is inside iteration 2's
   update; the run stops with one line naming the pool and the lost node, a new node joins,
@@ -26,6 +27,7 @@ import pytest
 import torch
 
 from tests.cluster.conftest import train_cli
+from tests.cluster.shared_storage import assert_one_run_folder, wait_watching_lock
 from tests.cluster.stall_plugin import stall_dir
 from tests.integration.conftest import tiny_overrides
 from tests.train_process import wait_train
@@ -113,12 +115,20 @@ def test_strict_spread_puts_ranks_on_different_nodes_in_step(cluster, spread, po
 
 
 def test_pack_keeps_the_pool_on_one_node(cluster, runs, data, prefect_api):
-    # the run directory as a file:// URI (shared storage named by URI; every node sees this path)
-    rc, run_dir, log = _run(cluster, runs, data, prefect_api, "pack", "PACK", **{
+    # the run directory as a file:// URI (shared storage named by URI; every node sees this path):
+    # every writer — the CLI's lock, the ranks' batches and checkpoints, Prefect's results, the
+    # ledger — used that one folder
+    ov = overrides(cluster, runs, data, "pack", "PACK", **{
         "trainer.total_iterations": "1", "trainer.val_before_train": "false", "trainer.run_dir": f"file://{runs}"})
-    assert rc == 0, log[-4000:]
+    log = runs / "pack.log"
+    proc = train_cli(ov, cwd=cluster.root / "driver", log=log, prefect_api=prefect_api)
+    rc, holder = wait_watching_lock(proc, log, runs / "pack" / "run.lock")
+    assert rc == 0, log.read_text(errors="replace")[-4000:]
+    run_dir = runs / "pack"
     started = events(run_dir)
     assert len(started) == 2 and len({e["node_id"] for e in started}) == 1, started
+    assert holder.get("pid") == proc.pid, holder
+    assert_one_run_folder(run_dir, {str(n.cwd) for n in cluster.nodes}, iterations=1)
 
 
 def test_a_pool_the_cluster_cannot_hold_fails_in_one_line(cluster, runs, data, prefect_api):

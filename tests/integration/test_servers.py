@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import tiny_overrides
+from tests.train_process import stop_process_tree as _stop
 from workers.checkpoint import checkpoint_name
 
 pytestmark = pytest.mark.integration
@@ -46,56 +46,6 @@ SERVER_TIMEOUT_S = 120
 
 
 # ---- processes this module starts ---------------------------------------------------------------
-
-
-def _stop(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
-    """Stop a process we started in its own session, with its process group and every process
-    it started in other sessions (a process worker puts each flow run in a new session): TERM
-    to the group first, then KILL to whatever of that tree is still alive."""
-    if proc.poll() is not None:
-        return
-    tree = _process_tree(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    tree |= _process_tree(proc.pid) if proc.poll() is None else set()
-    for pid, started in tree:
-        if _start_time(pid) == started:  # the same process, not a reused pid
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=10)
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _process_tree(root: int) -> set[tuple[int, str]]:
-    """(pid, start time) of ``root`` and all its descendants, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        started = _start_time(pid)
-        if started is not None:
-            out.add((pid, started))
-        todo.extend(children.get(pid, []))
-    return out
 
 
 def _tail(path: Path, lines: int = 40) -> str:

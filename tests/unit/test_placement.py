@@ -61,9 +61,16 @@ def test_check_fits_by_strategy(workers, cpus, gpus, strategy, fits):
 
 def test_run_dir_takes_file_uris_and_refuses_object_stores():
     assert load_config(None, ["trainer.run_dir=file:///mnt/shared/runs"]).trainer.run_dir == "/mnt/shared/runs"
+    assert load_config(None, ["trainer.run_dir=file://localhost/mnt/shared/runs"]).trainer.run_dir == "/mnt/shared/runs"
+    assert load_config(None, ["trainer.run_dir=file:/mnt/shared/my%20runs"]).trainer.run_dir == "/mnt/shared/my runs"
     assert load_config(None, ["trainer.run_dir=/mnt/shared/runs"]).trainer.run_dir == "/mnt/shared/runs"
-    with pytest.raises(ConfigError, match=r"trainer.run_dir='s3://bucket/runs': .*not supported"):
-        load_config(None, ["trainer.run_dir=s3://bucket/runs"])
+    assert load_config(None, ["trainer.run_dir=runs"]).trainer.run_dir == "runs"
+    for uri in ("s3://bucket/runs", "memory://runs", "gs://bucket/runs"):
+        with pytest.raises(ConfigError, match=rf"trainer.run_dir='{uri}': .*not supported"):
+            load_config(None, [f"trainer.run_dir={uri}"])
+    # file://runs would be host "runs", not a relative folder
+    with pytest.raises(ConfigError, match=r"trainer.run_dir='file://runs': a file:// URI names a path on this machine"):
+        load_config(None, ["trainer.run_dir=file://runs"])
 
 
 def test_lost_ranks_are_the_ranks_whose_last_node_is_dead(tmp_path, monkeypatch):
