@@ -39,7 +39,7 @@ from workers.pool_errors import root_cause as _root_cause
 from workers.pool_events import append_event, lost_ranks, pool_events_path, read_pool_events, weights_digest  # noqa: F401 (re-exported)
 
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
-ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward")
+ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward", "tools")
 
 
 def namespace_for(run_id: str) -> str:
