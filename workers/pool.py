@@ -63,7 +63,11 @@ class WorkerHost:
         world_size: int,
         ckpt_root: str | None,
         torch_threads: int | None = None,
+        namespace: str | None = None,
     ):
+        from workers.tools import set_run_namespace
+
+        set_run_namespace(namespace)  # the tools pool is looked up in the run's namespace (workers/tools.py)
         self.cfg = config_from_dict(cfg_dict)
         self.pool_name = pool_name
         self.pool_cfg = self.cfg.placement.pools[pool_name]
@@ -291,7 +295,7 @@ def _spawn_ranks(cfg: ExperimentConfig, name: str, namespace: str, pg: Any, ckpt
             max_concurrency=2 if "rollout" in pool_cfg.roles else 1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-        ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads)
+        ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads, namespace)
         for rank in range(pool_cfg.workers)
     ]
 

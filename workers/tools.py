@@ -28,6 +28,15 @@ from hybridflow.config import ExperimentConfig
 from workers.dispatch import dispatch
 
 TOOLS_ROLE = "tools"
+_run_namespace: str | None = None  # the Ray namespace of this process's pool (set by WorkerHost)
+
+
+def set_run_namespace(namespace: str | None) -> None:
+    """Record the run's Ray namespace for :class:`PoolEnvRunner` look-ups in this process. The pool's
+    WorkerHost calls it: an actor created in a namespace other than its job's cannot ask Ray for it
+    (``get_runtime_context().namespace`` is the job's)."""
+    global _run_namespace
+    _run_namespace = namespace
 
 
 class ToolsWorker:
@@ -60,8 +69,9 @@ def tools_pool_name(cfg: ExperimentConfig) -> str | None:
 
 class PoolEnvRunner:
     """Rollout side: :class:`EnvRunner`'s interface (``run``, ``close``) with the calls executed by the
-    tools pool ``pool_name`` of this Ray namespace (looked up on first use, so the pools may start in
-    any order). ``namespace`` None: the calling actor's own (the run's). Raises PoolError when the pool
+    tools pool ``pool_name`` of the run's Ray namespace (looked up on first use, so the pools may start
+    in any order). ``namespace`` None: the one :func:`set_run_namespace` recorded in this process, else
+    the job's. Raises PoolError when the pool
     does not exist or a rank does not answer within ``timeout_s`` (None: no limit)."""
 
     def __init__(self, pool_name: str, namespace: str | None = None, timeout_s: float | None = None) -> None:
@@ -74,7 +84,7 @@ class PoolEnvRunner:
 
             from workers.pool import get_pool
 
-            namespace = self.namespace or ray.get_runtime_context().namespace
+            namespace = self.namespace or _run_namespace or ray.get_runtime_context().namespace
             self._tools = get_pool(self.pool_name, namespace, (TOOLS_ROLE,)).role(TOOLS_ROLE)
         return self._tools
 
@@ -89,4 +99,4 @@ class PoolEnvRunner:
         self._tools = None
 
 
-__all__ = ["ToolsWorker", "PoolEnvRunner", "tools_pool_name", "TOOLS_ROLE"]
+__all__ = ["ToolsWorker", "PoolEnvRunner", "tools_pool_name", "set_run_namespace", "TOOLS_ROLE"]
