@@ -82,7 +82,8 @@ class WorkerHost:
             torch.set_num_threads(torch_threads)
         for mod in self.cfg.trainer.plugins:
             importlib.import_module(mod)
-        if world_size == 1:  # single rank: ready at once, so a Ray restart restores by itself
+        # no process group (one rank, or the tools role): ready at once, so a Ray restart restores by itself
+        if world_size == 1 or self.pool_cfg.roles == ["tools"]:
             self.setup()
 
     # ---- distributed set-up (multi-rank pools) ----
@@ -302,12 +303,12 @@ def _spawn_ranks(cfg: ExperimentConfig, name: str, namespace: str, pg: Any, ckpt
 
 def _bring_up(pool: Pool, timeout_s: float) -> None:
     try:
-        if pool.world_size > 1:
+        if pool.world_size > 1 and pool.roles != ("tools",):  # the tools role needs no process group
             addr, port = ray.get(pool.actors[0].free_address.remote(), timeout=timeout_s)
             ray.get([a.init_distributed.remote(addr, port) for a in pool.actors], timeout=timeout_s)
             ray.get([a.setup.remote() for a in pool.actors], timeout=timeout_s)
         else:
-            ray.get(pool.actors[0].ping.remote(), timeout=timeout_s)
+            ray.get([a.ping.remote() for a in pool.actors], timeout=timeout_s)
     except RayActorError as e:
         rank = _failed_rank(pool)
         raise PoolError(f"pool {pool.name!r} rank {rank} failed to start: {_root_cause(e)}") from None

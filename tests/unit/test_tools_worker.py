@@ -120,3 +120,20 @@ def test_tools_pool_config_errors_are_one_line(change, needle):
         config_from_dict({"rollout": change["rollout"], "placement": {"pools": pools}})
     line = next(ln for ln in str(e.value).splitlines() if "placement.pools" in ln)
     assert needle in line
+
+
+def test_a_tools_rank_is_ready_at_once_without_a_process_group():
+    """Ranks of a multi-rank tools pool build their ToolsWorker in __init__ (no torch.distributed
+    group to join), so a rank Ray restarts serves again by itself."""
+    from workers.pool import WorkerHost
+
+    cfg = tools_cfg(multi_turn={"num_workers": 1})
+    host = WorkerHost(cfg.model_dump(mode="json"), "tools", 1, 2, None)
+    try:
+        assert host.is_ready() and host.ping()["roles"] == ["tools"]
+        reset = {"op": "reset", "env": "tools", "kwargs": {"tools": [f"{FIX}:add"], "tool_format": "hermes"},
+                 "row": {"prompt": [{"role": "user", "content": "Q"}]}}  # fmt: skip
+        [(status, value)] = host.call("tools", "run_env_calls", [reset])
+        assert status == "ok" and value["messages"] is None
+    finally:
+        host.shutdown()
