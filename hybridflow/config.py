@@ -38,7 +38,7 @@ ESTIMATORS_NEEDING_VALUES = ("gae",)
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLEstimatorName = Literal["k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs"]
-Role = Literal["policy", "rollout", "reference", "critic", "reward"]
+Role = Literal["policy", "rollout", "reference", "critic", "reward", "tools"]
 
 
 class ConfigError(ValueError):
@@ -631,6 +631,7 @@ class ExperimentConfig(_Section):
         if self.needs_reference and "reference" not in roles:
             raise ValueError("KL is on (use_kl_in_reward or use_kl_loss): add role 'reference' to a pool")
         self._check_rollout_pool()
+        self._check_tools_pool()
         corr = self.actor.rollout_correction
         if corr != "none" and self.actor.old_log_probs == "rollout":
             raise ValueError(
@@ -660,6 +661,25 @@ class ExperimentConfig(_Section):
             raise ValueError(
                 f"trainer.max_staleness={self.trainer.max_staleness} needs a rollout pool apart from the policy's: "
                 "add e.g. placement.pools.gen: {workers: 1, roles: [rollout]} (examples/grpo_arith_async.yaml)"
+            )
+
+    def _check_tools_pool(self) -> None:
+        """The ``tools`` role (multi-turn tool / environment execution, workers/tools.py) runs alone in
+        its pool, and only when the rollout is multi-turn."""
+        where = next((n for n, p in self.placement.pools.items() if "tools" in p.roles), None)
+        if where is None:
+            return
+        others = [r for r in self.placement.pools[where].roles if r != "tools"]
+        if others:
+            raise ValueError(
+                f"placement.pools.{where}: role 'tools' shares a pool with {', '.join(others)}; "
+                "it runs tool calls and environment steps in a pool of its own (roles: [tools]): drop it to run them "
+                "in the rollout worker"
+            )
+        if not self.rollout.is_multi_turn:
+            raise ValueError(
+                f"placement.pools.{where}: role 'tools' but neither rollout.tools nor rollout.environment is set "
+                "(nothing for the tools pool to run): set one, or drop the pool"
             )
 
     @property

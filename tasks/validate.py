@@ -29,16 +29,22 @@ def _validation_metrics(scored: Batch, k: int) -> dict[str, float]:
     return out
 
 
+#: generation metrics of multi-turn rollouts reported for validation too (as val-aux/tool/calls/mean, ...)
+MULTI_TURN_PREFIXES = ("tool/", "multi_turn/", "env/")
+
+
 @node(name="validate", retries=1, roles=("policy", "reward"))
 def validate(run: RunContext, val_prompts: Batch, policy_version: int | None = None) -> tuple[Batch, dict]:
-    """Returns the scored validation generations and val-core metrics. policy_version: the
+    """Returns the scored validation generations, val-core metrics and (multi-turn) the tool metrics
+    as val-aux/tool/..., val-aux/multi_turn/.... policy_version: the
     weights_version to evaluate (a restarted worker is brought to it first)."""
     cfg = run.cfg()
     policy = pool_of(run, "policy", at_version=policy_version)
     generated = policy.generate_sequences(val_prompts, seed=run.node_seed("validate"), validate=True)
-    take_report(generated)  # the generation's metrics are the training rollout's names: not reported here
+    gen_report, _ = take_report(generated)  # the training rollout's names: only the multi-turn ones are kept
+    agents = {f"val-aux/{k}": v for k, v in gen_report.items() if k.startswith(MULTI_TURN_PREFIXES)}
     scored = pool_of(run, "reward").compute_rewards(generated)
     report, logs = take_report(scored)
     forward_logs(get_run_logger(), "validate", logs)
-    metrics = {**report, **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
+    metrics = {**report, **agents, **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
     return scored, {k.replace("critic/", "val-aux/", 1): v for k, v in metrics.items()}

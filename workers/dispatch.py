@@ -17,6 +17,9 @@ Built-in:
 - ``gather``: every rank gets the same arguments; result = list of per-rank results
   (alias of broadcast with the intent of collecting data).
 - ``rank_zero``: only rank 0 is called; result = its result.
+- ``list_scatter``: the first positional argument (a list) is cut into ``world_size`` contiguous
+  parts of near-equal length (ranks whose part would be empty are not called); the per-rank result
+  lists are concatenated in rank order, so result ``i`` answers item ``i`` (the tools pool).
 """
 
 from __future__ import annotations
@@ -151,7 +154,26 @@ def _rank_zero_join(results: list[Any], _info: Any) -> Any:
     return results[0]
 
 
+def _list_split(args: tuple, kwargs: dict, world: int) -> tuple[list[Call | None], Any]:
+    items = args[0]
+    if not isinstance(items, list):
+        raise TypeError(f"list_scatter needs a list as first argument, got {type(items).__name__}")
+    size, extra = divmod(len(items), world)
+    calls: list[Call | None] = []
+    start = 0
+    for rank in range(world):
+        stop = start + size + (rank < extra)
+        calls.append(((items[start:stop], *args[1:]), kwargs) if stop > start else None)
+        start = stop
+    return calls, None
+
+
+def _list_join(results: list[Any], _info: Any) -> list[Any]:
+    return [item for part in results for item in part]
+
+
 register_dispatch("broadcast", _same_for_all, _as_list)
 register_dispatch("gather", _same_for_all, _as_list)
 register_dispatch("dp_scatter", _dp_split, _dp_join)
 register_dispatch("rank_zero", _rank_zero_split, _rank_zero_join)
+register_dispatch("list_scatter", _list_split, _list_join)

@@ -36,6 +36,7 @@ ROLE_CLASSES = {
     "reference": "workers.reference:ReferenceWorker",
     "critic": "workers.critic:CriticWorker",
     "reward": "workers.reward:RewardWorker",
+    "tools": "workers.tools:ToolsWorker",
 }
 
 

@@ -40,7 +40,7 @@ from workers.pool_events import append_event, lost_ranks, pool_events_path, read
 from workers.progress import progress_for_run
 
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
-ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward")
+ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward", "tools")
 
 
 def namespace_for(run_id: str) -> str:
@@ -65,7 +65,11 @@ class WorkerHost(worker_logs.LoggedCalls):
         world_size: int,
         ckpt_root: str | None,
         torch_threads: int | None = None,
+        namespace: str | None = None,
     ):
+        from workers.tools import set_run_namespace
+
+        set_run_namespace(namespace)  # the tools pool is looked up in the run's namespace (workers/tools.py)
         self.cfg = config_from_dict(cfg_dict)
         self.pool_name = pool_name
         self.pool_cfg = self.cfg.placement.pools[pool_name]
@@ -81,7 +85,8 @@ class WorkerHost(worker_logs.LoggedCalls):
             torch.set_num_threads(torch_threads)
         for mod in self.cfg.trainer.plugins:
             importlib.import_module(mod)
-        if world_size == 1:  # single rank: ready at once, so a Ray restart restores by itself
+        # no process group (one rank, or the tools role): ready at once, so a Ray restart restores by itself
+        if world_size == 1 or self.pool_cfg.roles == ["tools"]:
             self.setup()
 
     # ---- distributed set-up (multi-rank pools) ----
@@ -294,19 +299,19 @@ def _spawn_ranks(cfg: ExperimentConfig, name: str, namespace: str, pg: Any, ckpt
             max_concurrency=2 if "rollout" in pool_cfg.roles else 1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-        ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads)
+        ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads, namespace)
         for rank in range(pool_cfg.workers)
     ]
 
 
 def _bring_up(pool: Pool, timeout_s: float) -> None:
     try:
-        if pool.world_size > 1:
+        if pool.world_size > 1 and pool.roles != ("tools",):  # the tools role needs no process group
             addr, port = ray.get(pool.actors[0].free_address.remote(), timeout=timeout_s)
             ray.get([a.init_distributed.remote(addr, port) for a in pool.actors], timeout=timeout_s)
             ray.get([a.setup.remote() for a in pool.actors], timeout=timeout_s)
         else:
-            ray.get(pool.actors[0].ping.remote(), timeout=timeout_s)
+            ray.get([a.ping.remote() for a in pool.actors], timeout=timeout_s)
     except RayActorError as e:
         rank = _failed_rank(pool)
         raise PoolError(f"pool {pool.name!r} rank {rank} failed to start: {_root_cause(e)}") from None

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--limit", type=int, default=None, help="keep only the first N problems")
     a = sub.add_parser("arith", help="generated arithmetic problems with a difficulty knob")
     a.add_argument("--n", type=int, default=1000, help="number of problems (default: 1000)")
-    a.add_argument("--difficulty", type=int, default=1, help="0 (7 + 5) .. 5 (three-step word problems); default 1")
+    a.add_argument("--difficulty", type=int, default=1, help="0 (7 + 5) .. 5 (three-step word problems), 6 (347 * 28, for tool use); default 1")
     a.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
     a.add_argument("--test-out", default=None,
                    help="also write a held-out split here: problems whose question is not in --out")

@@ -125,3 +125,46 @@ def test_environment_config_trains_one_iteration(prefect_api, ray_cluster, task_
     # GuessEnv gives -0.1 per wrong guess and +1 for the target 7: random tiny-model text scores in [-0.2, 1]
     assert -0.2 - 1e-6 <= metrics["critic/score/mean"] <= 1.0 and metrics["critic/score/mean"] != 0
     assert metrics["actor/weights_version"] == 1.0 or metrics.get("actor/update_skipped") == 1.0
+
+
+def test_tools_pool_steps_the_environments_and_changes_nothing_else(prefect_api, ray_cluster, tmp_path):
+    """placement.pools.tools {roles: [tools]}: every environment step of a real iteration runs in a
+    process of the tools pool's rank (its parent pid is the rank's, from pool_events.jsonl), not of the
+    policy pool; the same seed without the tools pool gives the same rollout, token for token."""
+    from flows.train import train
+    from hybridflow.batch import Batch
+    from hybridflow.data import write_rows
+    from hybridflow.data.tasks import make_arith
+
+    def run(name: str, tools_pool: bool) -> tuple[Path, list[list[int]]]:
+        log = tmp_path / f"{name}.pids"
+        rows = make_arith(4, difficulty=0, seed=1)
+        for r in rows:
+            r["extra_info"]["env_kwargs"] = {"log": str(log)}
+        write_rows(rows, str(tmp_path / f"{name}.parquet"))
+        extra = {"placement.pools.tools": "{workers: 1, cpus_per_worker: 0.5, roles: [tools]}"} if tools_pool else {}
+        ov = tiny_overrides(str(tmp_path / "runs"), str(tmp_path / f"{name}.parquet"), str(tmp_path / f"{name}.parquet"),
+                            **{"trainer.run_id": name, "trainer.total_iterations": "1",
+                               "rollout.environment": "tests.unit.agent_fixtures:PidLogEnv",
+                               "rollout.max_response_tokens": "48", "rollout.multi_turn.max_turns": "2",
+                               "rollout.multi_turn.max_tokens_per_turn": "4", **extra})  # fmt: skip
+        summary = train(overrides=ov)
+        run_dir = Path(summary["run_dir"])
+        pids = [[int(x) for x in line.split()] for line in log.read_text().splitlines()]
+        return run_dir, pids
+
+    pooled_dir, pooled = run("tools-pool", True)
+    events = [json.loads(line) for line in (pooled_dir / "pool_events.jsonl").read_text().splitlines()]
+    started = {e["pool"]: e["pid"] for e in events if e["event"] == "started"}
+    assert set(started) == {"main", "reward", "tools"}
+    assert len(pooled) == 8  # 2 prompts × 2 samples, a step after each of their 2 turns (max_turns)
+    assert {parent for _pid, parent in pooled} == {started["tools"]}  # the tools rank's process pool ran them
+    metrics = json.loads((pooled_dir / "metrics.jsonl").read_text().splitlines()[0])["metrics"]
+    assert metrics["multi_turn/num_turns/max"] == 2 and metrics["env/errors"] == 0
+    local_dir, local = run("in-process", False)
+    events = [json.loads(line) for line in (local_dir / "pool_events.jsonl").read_text().splitlines()]
+    main_pid = next(e["pid"] for e in events if e["event"] == "started" and e["pool"] == "main")
+    assert {parent for _pid, parent in local} == {main_pid}  # without the pool: the policy's own processes
+    a, b = (Batch.load(str(d / "iter_000001" / "rollout")) for d in (pooled_dir, local_dir))
+    assert a["response_ids"].tolist() == b["response_ids"].tolist()
+    assert a["response_mask"].tolist() == b["response_mask"].tolist()

@@ -85,3 +85,19 @@ class BrokenEnv:
 
     def step(self, text: str):
         raise ValueError("the environment broke")
+
+
+class PidLogEnv:
+    """Appends "<pid> <parent pid>" of the process running each step to the file ``log`` (the row's
+    env_kwargs), then answers like a fixed environment: "noted", reward 0.5, never done."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def reset(self, row):
+        return None
+
+    def step(self, text: str):
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {os.getppid()}\n")
+        return "noted", 0.5, False

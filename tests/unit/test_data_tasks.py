@@ -44,7 +44,8 @@ def test_arith_level_zero_is_single_step_small_operands():
 
 def test_arith_prompts_are_short():
     tok = char_tokenizer()  # one token per character: an upper bound on any subword tokenizer's count
-    longest = max(len(r["prompt"][0]["content"]) for r in make_arith(200, difficulty=MAX_DIFFICULTY, seed=0))
+    longest = max(len(r["prompt"][0]["content"]) for d in range(MAX_DIFFICULTY + 1)
+                  for r in make_arith(200, difficulty=d, seed=0))  # fmt: skip
     assert longest < 200  # < 200 characters, so well under 100 subword tokens
     assert len(tok("x" * longest)["input_ids"]) == longest
 
@@ -53,8 +54,17 @@ def test_arith_seeded_and_prefix_stable():
     assert make_arith(10, difficulty=2, seed=1) == make_arith(10, difficulty=2, seed=1)
     assert make_arith(5, difficulty=2, seed=1) == make_arith(10, difficulty=2, seed=1)[:5]
     assert make_arith(10, difficulty=2, seed=1) != make_arith(10, difficulty=2, seed=2)
-    with pytest.raises(ValueError, match="allowed: 0..5"):
-        make_arith(1, difficulty=6, seed=0)
+    with pytest.raises(ValueError, match="allowed: 0..6"):
+        make_arith(1, difficulty=7, seed=0)
+
+
+def test_arith_level_six_is_a_three_digit_by_two_digit_product():
+    rows = make_arith(50, difficulty=6, seed=0)
+    for r in rows:
+        a, op, b = r["extra_info"]["expression"].split()
+        assert op == "*" and 100 <= int(a) <= 999 and 11 <= int(b) <= 99
+        assert r["reward_model"]["ground_truth"] == str(int(a) * int(b))  # e.g. 347 * 28 = 9716
+        assert r["prompt"][0]["content"] == f"What is {a} * {b}? Put the final answer in \\boxed{{}}."
 
 
 def test_countdown_rows_have_a_recorded_solution():
@@ -115,7 +125,7 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert cli_main(["data", "arith", "--out", str(tmp_path / "a.csv")]) == 2
     assert cli_main(["data", "gsm8k", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "g.parquet")]) == 2
     err = capsys.readouterr().err
-    assert "allowed: 0..5" in err and "must end in .parquet or .jsonl" in err and "missing.jsonl" in err
+    assert "allowed: 0..6" in err and "must end in .parquet or .jsonl" in err and "missing.jsonl" in err
 
 
 @pytest.mark.parametrize("module", ["hybridflow.data.cli", "hybridflow.data", "hybridflow.rewards"])

@@ -4,7 +4,8 @@ A trajectory is one batch row. ``response_ids`` holds everything after the conve
 the model's turns *and* the observations between them; ``response_mask`` is True only on the
 model's tokens (which keep the engine's log-probs), ``observation_mask`` on the inserted ones. Each round generates the next turn of every live trajectory in one engine call (rows at
 different turns share it; finished ones leave), then steps their environments in the process
-pool (:class:`hybridflow.agents.remote.EnvRunner`) and appends the rendered observations as ids.
+pool (:class:`hybridflow.agents.remote.EnvRunner`, or the ``tools`` pool: :mod:`workers.tools`) and
+appends the rendered observations as ids.
 Nothing already in a trajectory is decoded and re-tokenized.
 
 Engines with ``generate_continuing`` (hf) keep each trajectory's KV cache between turns and prefill
@@ -112,11 +113,15 @@ class MultiTurnRollout:
 
     @classmethod
     def from_config(cls, engine: Any, tokenizer: Any, cfg: Any) -> MultiTurnRollout:
-        """For an ExperimentConfig: an EnvRunner of ``rollout.multi_turn.num_workers`` processes."""
+        """For an ExperimentConfig: the tools pool executes reset/step when a pool has the ``tools``
+        role (:class:`workers.tools.PoolEnvRunner`), else an in-process EnvRunner of
+        ``rollout.multi_turn.num_workers`` processes."""
         from hybridflow.agents.remote import EnvRunner
+        from workers.tools import PoolEnvRunner, tools_pool_name
 
-        mt = cfg.rollout.multi_turn
-        return cls(engine, tokenizer, cfg.rollout, EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins))
+        mt, pool = cfg.rollout.multi_turn, tools_pool_name(cfg)
+        runner = PoolEnvRunner(pool) if pool else EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins)
+        return cls(engine, tokenizer, cfg.rollout, runner)
 
     # ---- the loop ------------------------------------------------------------------------------
     def generate(self, batch: Any, sampling: SamplingParams, progress: Tick | None = None) -> MultiTurnOutput:

@@ -11,13 +11,15 @@ level  problem                                         example
 3      two steps, numbers up to 20                      What is 12 + 9 - 4?
 4      two-step word problem                            Sam has 12 apples. He buys ...
 5      three-step word problem with ×                   A box holds 6 pens. Ana ...
+6      a 3-digit × 2-digit product (the tool task)      What is 347 * 28?
 =====  ==============================================  ===========================
 
 Every prompt asks for the answer in ``\\boxed{}`` and stays under ~60 tokens. Row ``i`` of
 ``make_arith(n, difficulty=d, seed=s)`` depends only on (s, d, i), so a longer dataset starts
 with the rows of a shorter one. Measured on SmolLM2-135M-Instruct (greedy, small samples,
 docs/data.md): level 0 ≈ 75%, level 1 ≈ 25%, level 3 ≈ 0% — level 1 sits in the 10–60%
-band; re-measure before relying on a level.
+band; re-measure before relying on a level. Level 6 is for tool use (``examples/grpo_arith_tool.yaml``):
+products a 135M model gets wrong in its head and a calculator gets right.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-MAX_DIFFICULTY = 5
+MAX_DIFFICULTY = 6
 INSTRUCTION = "Put the final answer in \\boxed{}."
 _NAMES = ["Sam", "Ana", "Tom", "Mia", "Leo", "Eva", "Ben", "Zoe"]
 _ITEMS = ["apples", "pens", "books", "coins", "cards", "eggs", "stamps", "marbles"]
@@ -81,15 +83,22 @@ def _level5(rng: random.Random) -> tuple[str, str, int]:
     return q, f"{per} * {boxes} - {give} + {find}", per * boxes - give + find
 
 
-_LEVELS: list[Callable[[random.Random], tuple[str, str, int]]] = [_level0, _level1, _level2, _level3, _level4, _level5]
+def _level6(rng: random.Random) -> tuple[str, str, int]:
+    a, b = rng.randint(100, 999), rng.randint(11, 99)
+    return f"What is {a} * {b}?", f"{a} * {b}", a * b
+
+
+_LEVELS: list[Callable[[random.Random], tuple[str, str, int]]] = [
+    _level0, _level1, _level2, _level3, _level4, _level5, _level6,
+]  # fmt: skip
 
 
 def make_arith(n: int, *, difficulty: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` verl-format rows of arithmetic problems at ``difficulty`` (0..5), seeded.
+    """``n`` verl-format rows of arithmetic problems at ``difficulty`` (0..6), seeded.
 
     ``reward_model.ground_truth`` is the integer answer as a string; ``extra_info`` records
     generator, seed, difficulty, index, the expression and the question. Raises ValueError
-    for a difficulty outside 0..5 or n < 0.
+    for a difficulty outside 0..6 or n < 0.
     """
     if not 0 <= difficulty <= MAX_DIFFICULTY:
         raise ValueError(f"arith difficulty={difficulty}; allowed: 0..{MAX_DIFFICULTY}")

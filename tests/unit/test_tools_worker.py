@@ -1,0 +1,139 @@
+"""The ``tools`` role (workers/tools.py) without Ray: ToolsWorker ranks behind the ``list_scatter``
+dispatch protocol drive the multi-turn loop exactly as the in-process EnvRunner does, failing tools
+included; the config rules of a tools pool; the loop's choice of runner."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.config import config_from_dict
+from tests.unit.test_rollout_multi_turn import FIX, TOK, TOOLS, ScriptedEngine, call, rollout
+from workers.dispatch import get_dispatch
+from workers.handles import role_class
+from workers.tools import PoolEnvRunner, ToolsWorker, tools_pool_name
+
+POOLS = {"main": {"workers": 1, "roles": ["policy"]}, "reward": {"workers": 1, "roles": ["reward"]}}
+
+
+def tools_cfg(**rollout):
+    return config_from_dict({
+        "rollout": {"tools": [f"{FIX}:add", f"{FIX}:boom", f"{FIX}:hang", f"{FIX}:die"], **rollout},
+        "placement": {"pools": {**POOLS, "tools": {"workers": 2, "cpus_per_worker": 0.5, "roles": ["tools"]}}},
+    })  # fmt: skip
+
+
+class LocalToolsPool:
+    """The tools pool's ranks in this process: what a RoleHandle does over Ray (split by the method's
+    declared protocol, one call per rank that gets a part, join), with a log of each rank's part."""
+
+    def __init__(self, ranks: list[ToolsWorker]) -> None:
+        self.ranks, self.parts = ranks, []
+
+    def run(self, requests):
+        proto = get_dispatch("list_scatter")
+        calls, info = proto.split((requests,), {}, len(self.ranks))
+        results = []
+        for rank, c in zip(self.ranks, calls, strict=True):
+            if c is not None:
+                self.parts.append(len(c[0][0]))
+                results.append(rank.run_env_calls(*c[0], **c[1]))
+        return proto.join(results, info)
+
+
+@pytest.fixture(scope="module")
+def tools_pool():
+    cfg = tools_cfg(multi_turn={"tool_timeout_s": 3.0, "num_workers": 1})
+    ranks = [ToolsWorker(cfg, rank=r, world_size=2) for r in range(2)]
+    yield LocalToolsPool(ranks)
+    for r in ranks:
+        r.close()
+
+
+def test_list_scatter_cuts_contiguous_parts_and_joins_in_order():
+    proto = get_dispatch("list_scatter")
+    calls, info = proto.split((list("abcde"), "x"), {"k": 1}, 3)
+    assert [c[0][0] for c in calls] == [["a", "b"], ["c", "d"], ["e"]]  # 5 = 2 + 2 + 1
+    assert all(c[0][1] == "x" and c[1] == {"k": 1} for c in calls)
+    assert proto.join([[1, 2], [3, 4], [5]], info) == [1, 2, 3, 4, 5]
+    calls, _ = proto.split((["a"],), {}, 3)
+    assert calls[1:] == [None, None]  # ranks with nothing to do are not called
+    with pytest.raises(TypeError, match="needs a list"):
+        proto.split(("abc",), {}, 2)
+
+
+def test_tools_worker_is_the_tools_role_and_declares_list_scatter():
+    assert role_class("tools") is ToolsWorker
+    assert ToolsWorker.run_env_calls.__hybridflow_dispatch__ == "list_scatter"
+
+
+def test_tools_pool_ranks_run_the_loop_like_the_in_process_runner(tools_pool):
+    """Same script, same observations, masks and ids as tests/unit/test_rollout_multi_turn.py's
+    in-process runner; a tool that raises, hangs past tool_timeout_s (3 s) or os._exit-s its process
+    is an error observation and the rollout goes on."""
+    script = {"QA": [call("add", a=2, b=3), "5"], "QR": [call("boom", x=1), "a"], "QH": [call("hang", x=1), "b"],
+              "QX": [call("die", x=1), "c"]}  # fmt: skip
+    out = rollout(tools_pool, ScriptedEngine(script), TOOLS, ["QA", "QR", "QH", "QX"])
+    assert tools_pool.parts[:2] == [2, 2]  # the 4 resets: 2 per rank
+    obs = [m[-2]["content"] for m in out.non_tensors["messages"]]
+    assert obs[0] == "5" and "boom raised RuntimeError: boom" in obs[1]
+    assert obs[2].startswith("error: the tool call failed (still running") and "3 s" in obs[2]
+    assert obs[3].startswith("error: the tool call failed (worker process died")
+    assert out.finish_reason == ["stop"] * 4 and out.non_tensors["num_turns"] == [2] * 4
+    assert out.metrics["tool/errors"] == 2 and out.metrics["tool/timeouts"] == 1
+    # the same rows through one in-process runner give the same tokens and masks (the hang's budget
+    # is the same 3 s)
+    from hybridflow.agents.remote import EnvRunner
+
+    local = EnvRunner(num_workers=2, timeout_s=3.0)
+    try:
+        ref = rollout(local, ScriptedEngine(script), TOOLS, ["QA", "QR", "QH", "QX"])
+    finally:
+        local.close()
+    assert out.response_ids.tolist() == ref.response_ids.tolist()
+    assert out.response_mask.tolist() == ref.response_mask.tolist()
+    after = rollout(tools_pool, ScriptedEngine({"Q": [call("add", a=1, b=2), "3"]}), TOOLS, ["Q"])
+    assert after.non_tensors["messages"][0][-2]["content"] == "3"  # the ranks replaced their dead workers
+
+
+def test_loop_sends_tool_work_to_the_tools_pool_when_one_is_configured():
+    from workers.rollout.multi_turn import MultiTurnRollout
+
+    cfg = tools_cfg()
+    assert tools_pool_name(cfg) == "tools"
+    loop = MultiTurnRollout.from_config(ScriptedEngine({}), TOK, cfg)
+    assert isinstance(loop.runner, PoolEnvRunner) and loop.runner.pool_name == "tools"
+    assert loop.runner.run([]) == []  # nothing to send: no Ray call
+    plain = config_from_dict({"rollout": {"tools": ["calculator"]}})
+    assert tools_pool_name(plain) is None
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"rollout": {}}, "placement.pools.tools: role 'tools' but neither rollout.tools nor rollout.environment"),
+    ({"rollout": {"tools": ["calculator"]}, "roles": ["tools", "reward"], "drop_reward": True},
+     "placement.pools.tools: role 'tools' shares a pool with reward"),
+])  # fmt: skip
+def test_tools_pool_config_errors_are_one_line(change, needle):
+    pools = {**POOLS, "tools": {"workers": 1, "roles": change.get("roles", ["tools"])}}
+    if change.get("drop_reward"):
+        pools.pop("reward")
+    with pytest.raises(ValueError) as e:
+        config_from_dict({"rollout": change["rollout"], "placement": {"pools": pools}})
+    line = next(ln for ln in str(e.value).splitlines() if "placement.pools" in ln)
+    assert needle in line
+
+
+def test_a_tools_rank_is_ready_at_once_without_a_process_group():
+    """Ranks of a multi-rank tools pool build their ToolsWorker in __init__ (no torch.distributed
+    group to join), so a rank Ray restarts serves again by itself."""
+    from workers.pool import WorkerHost
+
+    cfg = tools_cfg(multi_turn={"num_workers": 1})
+    host = WorkerHost(cfg.model_dump(mode="json"), "tools", 1, 2, None)
+    try:
+        assert host.is_ready() and host.ping()["roles"] == ["tools"]
+        reset = {"op": "reset", "env": "tools", "kwargs": {"tools": [f"{FIX}:add"], "tool_format": "hermes"},
+                 "row": {"prompt": [{"role": "user", "content": "Q"}]}}  # fmt: skip
+        [(status, value)] = host.call("tools", "run_env_calls", [reset])
+        assert status == "ok" and value["messages"] is None
+    finally:
+        host.shutdown()
