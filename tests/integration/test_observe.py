@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,7 @@ def cli_run(prefect_api, arith_files, tmp_path_factory):
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     env.pop("RAY_ADDRESS", None)
     out, err = tmp / "stdout.txt", tmp / "stderr.txt"
+    started = datetime.now(timezone.utc)  # the Prefect server is the session's: earlier tests' runs log there too
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", "-c", "examples/grpo_arith.yaml", *ov],
                               cwd=ROOT, env=env, stdout=o, stderr=e, timeout=600)
@@ -55,7 +57,7 @@ def cli_run(prefect_api, arith_files, tmp_path_factory):
     run_dir = tmp / "runs" / RUN_ID
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"tmp": tmp, "run_dir": run_dir, "summary": summary, "stdout": out.read_text(),
-            "stderr": err.read_text(), "overrides": ov, "api": prefect_api}
+            "stderr": err.read_text(), "overrides": ov, "api": prefect_api, "started": started}
 
 
 def _metrics(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -95,10 +97,11 @@ def test_workers_reported_progress_to_the_run_folder(cli_run):
     assert phases["generating"].total == 4, phases
 
 
-def _task_logs(client) -> list[str]:
+def _task_logs(client, since: datetime) -> list[str]:
+    """Messages of task-run logs written since ``since`` (this module's run: the tests run one by one)."""
     out, offset = [], 0
     while batch := client.read_logs(limit=200, offset=offset):
-        out += [log.message for log in batch if log.task_run_id is not None]
+        out += [log.message for log in batch if log.task_run_id is not None and log.timestamp >= since]
         offset += len(batch)
     return out
 
@@ -110,7 +113,7 @@ def test_worker_lines_reach_the_prefect_task_logs(cli_run):
     with get_client(sync_client=True) as client:
         deadline = time.monotonic() + 60
         while True:  # task logs are shipped to the API in batches
-            logs = _task_logs(client)
+            logs = _task_logs(client, cli_run["started"])
             gen = [m for m in logs if re.search(r"\[\w+ rank 0 policy\.generate_sequences\] INFO workers\.generation: "
                                                 r"rank 0 generated 4 trajectories", m)]
             upd = [m for m in logs if re.search(r"\[\w+ rank 0 policy\.update_policy\] INFO workers\.training: "
