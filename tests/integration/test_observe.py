@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -49,7 +49,7 @@ def cli_run(prefect_api, arith_files, tmp_path_factory):
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     env.pop("RAY_ADDRESS", None)
     out, err = tmp / "stdout.txt", tmp / "stderr.txt"
-    started = datetime.now(timezone.utc)  # the Prefect server is the session's: earlier tests' runs log there too
+    started = datetime.now(UTC)  # the Prefect server is the session's: earlier tests' runs log there too
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", "-c", "examples/grpo_arith.yaml", *ov],
                               cwd=ROOT, env=env, stdout=o, stderr=e, timeout=600)
