@@ -408,7 +408,7 @@ class PoolConfig(_Section):
     workers: int = Field(1, gt=0, description="Ray actors (data-parallel ranks) in this pool.")
     cpus_per_worker: float = Field(1.0, ge=0, description="Logical CPUs each actor reserves.")
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each actor reserves.")
-    roles: list[Role] = Field(description="Roles sharing each actor's process (the hybrid engine).")
+    roles: list[Role] = Field(min_length=1, description="Roles sharing each actor's process (the hybrid engine).")
     strategy: Literal["ddp", "fsdp"] = Field("ddp", description="Training strategy inside the pool.")
     torch_threads: int | None = Field(
         None, gt=0, description="torch intra-op threads per actor; None = cpus_per_worker rounded (min 1)."
@@ -498,18 +498,25 @@ class TrainerConfig(_Section):
         ``memory://``, ...), fails: run state, checkpoints, locks and pool events are written with
         local file APIs, so an object store cannot hold a run yet. A plain relative path is
         resolved against the driver's working directory once, when the run opens."""
+        import os
         from urllib.parse import unquote, urlsplit
 
-        if v.startswith("file:"):
+        if not v.strip():
+            raise ValueError("the run directory is empty; give a folder, e.g. runs")
+        scheme = urlsplit(v).scheme.lower()
+        if scheme == "file":
             parts = urlsplit(v)
             if parts.netloc not in ("", "localhost"):
                 raise ValueError(f"a file:// URI names a path on this machine, file:///abs/path; "
                                  f"{v!r} names host {parts.netloc!r}")
-            return unquote(parts.path) or "/"
-        if "://" in v:
+            path = unquote(parts.path)
+            if not path.startswith("/") or path == "/":
+                raise ValueError(f"a file: URI names an absolute folder below /, file:///abs/path; {v!r} does not")
+            return path
+        if len(scheme) > 1 or "://" in v:  # s3://, s3:/x, memory:x (one letter + ':' would be a drive)
             raise ValueError("the run directory must be a path every node sees (a shared mount), plain or "
                              "file:///abs/path; object-store URIs are not supported for trainer.run_dir yet")
-        return v
+        return os.path.expanduser(v)
 
 
 class TrackingConfig(_Section):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hybridflow.config import ConfigError, PoolConfig, load_config
@@ -71,6 +73,23 @@ def test_run_dir_takes_file_uris_and_refuses_object_stores():
     # file://runs would be host "runs", not a relative folder
     with pytest.raises(ConfigError, match=r"trainer.run_dir='file://runs': a file:// URI names a path on this machine"):
         load_config(None, ["trainer.run_dir=file://runs"])
+    # found by a fresh user: file:// alone meant "/", file:relative a relative folder, s3:/x and memory:x
+    # (one slash or none) a local folder, an empty value the working directory itself, ~ a folder named "~"
+    assert load_config(None, ["trainer.run_dir=FILE:///mnt/runs"]).trainer.run_dir == "/mnt/runs"
+    assert load_config(None, ["trainer.run_dir=~/runs"]).trainer.run_dir == os.path.expanduser("~/runs")
+    for uri in ("file://", "file:///", "file:relative"):
+        with pytest.raises(ConfigError, match=r"an absolute folder below /"):
+            load_config(None, [f"trainer.run_dir={uri}"])
+    for uri in ("s3:/bucket/x", "memory:x", "S3://bucket/x"):
+        with pytest.raises(ConfigError, match=r"not supported"):
+            load_config(None, [f"trainer.run_dir={uri}"])
+    with pytest.raises(ConfigError, match=r"trainer.run_dir=.*empty"):
+        load_config(None, ["trainer.run_dir=''"])
+
+
+def test_a_pool_with_no_roles_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"placement.pools.tools.roles.*at least 1"):
+        load_config(None, ["placement.pools.tools={workers: 1, cpus_per_worker: 0.5, roles: []}"])
 
 
 def test_lost_ranks_are_the_ranks_whose_last_node_is_dead(tmp_path, monkeypatch):
