@@ -75,7 +75,8 @@ class StorageTimer:
 
 def actor_times(events: list[dict], t0: float, t1: float) -> dict[str, float]:
     """Sum the pool actors' task events inside [t0, t1] (epoch seconds): ``compute`` (execution of
-    WorkerHost.call), ``actor_call_overhead`` (the rest of those tasks, plus pings)."""
+    WorkerHost.call, or call_logged, which node tasks use), ``actor_call_overhead`` (the rest of
+    those tasks, plus pings)."""
     lo, hi = t0 * 1e6, t1 * 1e6
     total: dict[str, float] = defaultdict(float)
     for e in events:
@@ -87,7 +88,7 @@ def actor_times(events: list[dict], t0: float, t1: float) -> dict[str, float]:
             total["call"] += dur / 1e6
         elif cat.startswith("task::WorkerHost.ping"):
             total["ping"] += dur / 1e6
-        elif cat == "task:execute" and e.get("_parent") == "call":
+        elif cat == "task:execute" and e.get("_parent") in ("call", "call_logged"):  # call_logged: workers/worker_logs.py
             total["compute"] += dur / 1e6
     return {"compute": total["compute"], "actor_call_overhead": total["call"] - total["compute"] + total["ping"]}
 
