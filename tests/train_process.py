@@ -83,6 +83,28 @@ def stop_process_tree(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
     proc.wait(timeout=10)
 
 
+def write_train_deployment(path: Path, overrides: list[str], work_pool: str) -> dict:
+    """deployments/prefect.yaml reduced to its ``train`` deployment (its concurrency limit kept),
+    with the config of ``overrides`` as its ``config`` parameter and ``work_pool`` as its pool,
+    written to ``path``. Returns the deployment's mapping as written."""
+    import yaml
+
+    from hybridflow.config import load_config, parse_overrides
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml").read_text())
+    dep = next(d for d in spec["deployments"] if d["name"] == "train")
+    config = parse_overrides(overrides)
+    # placement whole: a partial pool mapping in `config` is not merged onto the default pools
+    # (only dotted overrides are, by load_config), so each pool is given complete here
+    config["placement"] = load_config(None, overrides).placement.model_dump(mode="json")
+    dep["parameters"] = {"config": config}
+    dep["work_pool"] = {"name": work_pool, "job_variables": {}}
+    spec["deployments"] = [dep]
+    spec.pop("definitions", None)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return dep
+
+
 def _start_time(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]

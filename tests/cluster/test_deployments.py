@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.cluster.ray_cluster import REPO, cluster_env
+from tests.cluster.ray_cluster import cluster_env
 from tests.integration.conftest import tiny_overrides
-from tests.train_process import stop_process_tree
+from tests.train_process import stop_process_tree, write_train_deployment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 POOL = "hybridflow-cluster-process"
@@ -37,26 +36,14 @@ def tiny_deployment_file(path: Path, cluster, data: Path, run_root: Path, mlflow
     """deployments/prefect.yaml reduced to its ``train`` deployment (its concurrency limit kept)
     with a tiny one-iteration config on the cluster and this test's work pool. Returns the
     deployment's mapping as written."""
-    from hybridflow.config import load_config, parse_overrides
-
-    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
-    dep = next(d for d in spec["deployments"] if d["name"] == "train")
-    ov = tiny_overrides(str(run_root), str(data / "train.parquet"), str(data / "val.parquet"), **{
+    return write_train_deployment(path, tiny_overrides(str(run_root), str(data / "train.parquet"),
+                                                       str(data / "val.parquet"), **{
         "trainer.total_iterations": "1",
         "trainer.run_id": "set-per-run",
         "placement.ray_address": cluster.address,
         "tracking.mlflow_uri": mlflow_url,
         "tracking.experiment": "cluster-deployments",
-    })
-    config = parse_overrides(ov)
-    # placement whole: a partial pool mapping in `config` is not merged onto the default pools
-    config["placement"] = load_config(None, ov).placement.model_dump(mode="json")
-    dep["parameters"] = {"config": config}
-    dep["work_pool"] = {"name": POOL, "job_variables": {}}
-    spec["deployments"] = [dep]
-    spec.pop("definitions", None)
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return dep
+    }), POOL)
 
 
 def start_worker(api: str, home: Path, log: Path) -> subprocess.Popen:

@@ -30,10 +30,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.integration.conftest import tiny_overrides
 from tests.train_process import stop_process_tree as _stop
+from tests.train_process import write_train_deployment
 from workers.checkpoint import checkpoint_name
 
 pytestmark = pytest.mark.integration
@@ -121,26 +121,13 @@ def _run_worker(api: str, home: Path, log: Path) -> int:
 def _tiny_deployment_file(path: Path, run_root: Path, train: str, val: str, mlflow_uri: str) -> None:
     """deployments/prefect.yaml reduced to its ``train`` deployment, with the tiny config (with the
     test's fault plugin) as its ``config`` parameter and the test's work pool."""
-    from hybridflow.config import load_config, parse_overrides
-
-    spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-    dep = next(d for d in spec["deployments"] if d["name"] == "train")
-    ov = tiny_overrides(str(run_root), train, val, **{
+    write_train_deployment(path, tiny_overrides(str(run_root), train, val, **{
         "trainer.run_id": RUN_ID,
         "trainer.dataflow": "tests.integration.fault_plugins:build_dataflow",
         "trainer.plugins": "[tests.integration.fault_plugins]",
         "tracking.mlflow_uri": mlflow_uri,
         "tracking.experiment": "servers-test",
-    })
-    config = parse_overrides(ov)
-    # placement whole: a partial pool mapping in `config` is not merged onto the default pools
-    # (only dotted overrides are, by load_config), so each pool is given complete here
-    config["placement"] = load_config(None, ov).placement.model_dump(mode="json")
-    dep["parameters"] = {"config": config}
-    dep["work_pool"] = {"name": POOL, "job_variables": {}}
-    spec["deployments"] = [dep]
-    spec.pop("definitions", None)
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    }), POOL)
 
 
 @pytest.fixture(scope="module")
