@@ -174,6 +174,11 @@ class RolloutConfig(_Section):
     generation_batch_trajectories: int = Field(
         64, gt=0, description="Trajectories generated per engine call (memory knob; results do not depend on it)."
     )
+    drop_finished_rows: bool = Field(
+        True, description="hf engine: a row leaves the decode batch and its KV cache as soon as it finishes "
+        "(workers/rollout/decode.py). False: transformers' generate, which computes every row until the longest "
+        "finishes. Same tokens either way; log-probs equal to float rounding.",
+    )
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM KV-cache memory fraction.")
     val_temperature: float = Field(0.0, ge=0, description="Validation temperature; 0 = greedy.")

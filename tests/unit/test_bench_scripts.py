@@ -83,3 +83,18 @@ def test_train_smoke(tmp_path):
     assert res["peak_alongside_gflops"]["n"] == 1 and res["probe_size"] == 64
     assert res["hybridflow"]["mfu_vs_peak_alongside"] > 0
     assert "update_policy" in train.render(res)
+
+
+def test_finished_rows_smoke(tmp_path):
+    from bench import finished_rows
+
+    out = tmp_path / "finished_rows.json"
+    assert finished_rows.main(["--model", "tiny", "--cells", "2x3x6", "--repeats", "1", "--out", str(out), "--no-docs"]) == 0
+    res = json.loads(out.read_text())
+    (cell,) = res["cells"]
+    assert (cell["prompts"], cell["samples"], cell["max_tokens"]) == (2, 3, 6)
+    assert len(cell["seconds"]["own"]) == len(cell["seconds"]["generate"]) == 1
+    # the own loop computes exactly the response tokens; generate at least as many
+    assert cell["finished_share"]["own"] == 0.0
+    assert cell["work"]["generate"]["row_steps"] >= cell["work"]["own"]["row_steps"]
+    assert "| 2 × 3 | 6 |" in finished_rows.render(res)

@@ -167,23 +167,25 @@ def test_lora_model_log_probs_match_recompute_with_adapters_on():
     assert (out.rollout_log_probs - recompute(base, ids, mask, out, 2, 1.0)).abs().max().item() > 1e-2
 
 
-def test_each_prompt_is_prefilled_once_and_samples_match_unshared_generation(model, monkeypatch):
+@pytest.mark.parametrize("drop_finished_rows", [True, False])
+def test_each_prompt_is_prefilled_once_and_samples_match_unshared_generation(model, monkeypatch, drop_finished_rows):
     ids, mask = prompts(["abc", "hello there", "zz top"])  # 8, 0 and 5 left pads
     sampling = SamplingParams(max_new_tokens=10, stop_token_ids=STOPS, n=4, seed=9)
     rows_seen = []  # (rows, positions) of every forward pass of the model's decoder
     hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(tuple(kw["input_ids"].shape)),
                                                  with_kwargs=True)
     try:
-        shared = HFRolloutEngine(model, TOK).generate(ids, mask, sampling)
+        shared = HFRolloutEngine(model, TOK, drop_finished_rows=drop_finished_rows).generate(ids, mask, sampling)
         prefill = rows_seen[0]
         rows_seen.clear()
         monkeypatch.setattr(HFRolloutEngine, "_shared_prompt_cache", lambda self, *a: {})
-        plain = HFRolloutEngine(model, TOK).generate(ids, mask, sampling)
+        plain = HFRolloutEngine(model, TOK, drop_finished_rows=drop_finished_rows).generate(ids, mask, sampling)
     finally:
         hook.remove()
-    # shared: 3 prompts × 10 tokens (all but the last) once; plain generate: 12 rows × 11 tokens
+    # shared: 3 prompts × 10 tokens (all but the last) once; unshared: 12 rows × 11 tokens with
+    # generate, 12 rows × 10 tokens then the last one with the own decode loop
     assert prefill == (3, ids.shape[1] - 1)
-    assert rows_seen[0] == (12, ids.shape[1])
+    assert rows_seen[0] == ((12, ids.shape[1] - 1) if drop_finished_rows else (12, ids.shape[1]))
     assert torch.equal(shared.response_ids, plain.response_ids) and shared.finish_reason == plain.finish_reason
     assert torch.allclose(shared.rollout_log_probs, plain.rollout_log_probs, atol=1e-5, rtol=0)
     ref = recompute(model, ids, mask, shared, 4, 1.0)

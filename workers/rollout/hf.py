@@ -38,6 +38,7 @@ from workers.rollout.base import (
     register_rollout_engine,
     right_pad,
 )
+from workers.rollout.decode import decode, pick_tokens, top_k_top_p_filter
 from workers.rollout.finished_rows import FinishedRows
 from workers.shared_prefix import forward_kwargs, shared_prompt_cache
 
@@ -55,25 +56,6 @@ class KVCache:
         if n >= self.valid:
             return self
         return KVCache([(k[:, :n], v[:, :n]) for k, v in self.layers], max(n, 0))
-
-
-def top_k_top_p_filter(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
-    """Set logits outside the top-k, then outside the top-p nucleus, to -inf (keeps ≥ 1 token).
-
-    scaled: [B, V] float logits already divided by T. top_k ≤ 0 / top_p = 1 disable a filter.
-    Semantics of HF's TopK/TopPLogitsWarper and vLLM's sampler (Holtzman et al. 2019).
-    """
-    vocab = scaled.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=False)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum <= 1 - top_p
-        drop[:, -1] = False
-        scaled = scaled.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    return scaled
 
 
 class RolloutSampler(LogitsProcessor):
@@ -94,21 +76,12 @@ class RolloutSampler(LogitsProcessor):
         step = input_ids.shape[1] - self.prompt_len
         if step > len(self._chosen):  # the previous step's token is now known
             self._chosen.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
-        s = self.sampling
-        scaled = scores if s.greedy else scores / s.temperature
-        self._pending = torch.log_softmax(scaled, dim=-1)
-        if s.greedy:
+        col = min(step, self.uniforms.shape[1] - 1) if self.uniforms is not None else 0  # a deferred extra step reuses the last
+        token, self._pending = pick_tokens(scores, self.sampling, None if self.uniforms is None else self.uniforms[:, col])
+        if self.sampling.greedy:
             return scores
-        if s.top_k > 0 or s.top_p < 1.0:
-            probs = top_k_top_p_filter(scaled, s.top_k, s.top_p).softmax(-1)
-        else:
-            probs = self._pending.exp()
-        cdf = probs.cumsum(-1)
-        col = min(step, self.uniforms.shape[1] - 1)  # a deferred extra step (undone by generate) reuses the last
-        u = self.uniforms[:, col : col + 1].to(cdf.device) * cdf[:, -1:]
-        token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
         # generate hands us its own float32 copy of the logits (already consumed above): reuse it
-        return scores.fill_(float("-inf")).scatter_(1, token, 0.0)
+        return scores.fill_(float("-inf")).scatter_(1, token.unsqueeze(1), 0.0)
 
     def log_probs(self, response_ids: Tensor) -> Tensor:
         """[N, R] float32: the chosen tokens' log-probs, R = response_ids.shape[1]."""
@@ -141,20 +114,29 @@ class HFRolloutEngine:
     """Generation with transformers on the trainer's own model object (the hybrid engine).
 
     model: a causal LM (or peft model) on its device; tokenizer: gives the pad id.
-    generation_batch_trajectories: rows per ``generate`` call (a memory knob; outputs do not
-    depend on it). The model is put in eval mode for generation and its previous mode restored.
+    generation_batch_trajectories: rows per decode batch (a memory knob; outputs do not
+    depend on it). drop_finished_rows: decode with :func:`workers.rollout.decode.decode`, where a
+    row leaves the batch and its KV cache when it finishes (default); False runs transformers'
+    ``generate``, which computes every row until the longest finishes. The model is put in eval
+    mode for generation and its previous mode restored. ``decode_stats`` holds the decode work of
+    the last :meth:`generate` call: rows fed summed over steps (``row_steps``) and Σ response
+    lengths (``useful_row_steps``).
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64,
+                 drop_finished_rows: bool = True) -> None:  # fmt: skip
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; use hybridflow.models.prepare_tokenizer")
         self.model = model
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.generation_batch_trajectories = generation_batch_trajectories
+        self.drop_finished_rows = drop_finished_rows
+        self.decode_stats = {"row_steps": 0, "useful_row_steps": 0}
 
     @classmethod
     def from_config(cls, *, model: nn.Module, tokenizer: Any, model_cfg: Any, rollout_cfg: Any, device: Any = None):
-        return cls(model, tokenizer, generation_batch_trajectories=rollout_cfg.generation_batch_trajectories)
+        return cls(model, tokenizer, generation_batch_trajectories=rollout_cfg.generation_batch_trajectories,
+                   drop_finished_rows=rollout_cfg.drop_finished_rows)
 
     @property
     def device(self) -> torch.device:
@@ -175,6 +157,7 @@ class HFRolloutEngine:
             gen = torch.Generator().manual_seed(seed)
             uniforms = torch.rand(rows, sampling.max_new_tokens, generator=gen)
         outputs = []
+        self.decode_stats = {"row_steps": 0, "useful_row_steps": 0}
         was_training = self.model.training
         self.model.eval()
         try:
@@ -205,6 +188,17 @@ class HFRolloutEngine:
         first = int(real_cols[0]) if len(real_cols) else 0
         ids, mask = ids[:, first:].to(self.device), mask[:, first:].to(self.device)  # drop all-pad columns
         prompt_len = ids.shape[1]
+        inverse = inverse.to(self.device)
+        if self.drop_finished_rows and forward_kwargs(self.model)[0] is not None:
+            with torch.no_grad():
+                extra = self._shared_prompt_cache(ids, mask, inverse)
+                on_finished = None if counter is None else (lambda k: counter.tick(counter.offset + k, counter.total))
+                res = decode(self.model, ids[inverse], mask[inverse], sampling,
+                             None if uniforms is None else uniforms.to(self.device), self.pad_token_id,
+                             prefix_cache=extra, on_finished=on_finished)  # fmt: skip
+            self._count_decode(res.row_steps, res.useful_row_steps)
+            return finalize_responses(res.response_ids.cpu(), res.log_probs.cpu(), sampling.stop_token_ids,
+                                      self.pad_token_id)  # fmt: skip
         sampler = RolloutSampler(sampling, prompt_len, uniforms)
         config = GenerationConfig(
             max_new_tokens=sampling.max_new_tokens,
@@ -214,7 +208,6 @@ class HFRolloutEngine:
             eos_token_id=list(sampling.stop_token_ids) or None,
             pad_token_id=self.pad_token_id,
         )
-        inverse = inverse.to(self.device)
         with _clean_generation_config(self.model), torch.no_grad():
             extra = self._shared_prompt_cache(ids, mask, inverse)
             seqs = self.model.generate(
@@ -227,7 +220,13 @@ class HFRolloutEngine:
             )
         response = seqs[:, prompt_len:].cpu()
         log_probs = sampler.log_probs(response.to(self.device)).cpu()
-        return finalize_responses(response, log_probs, sampling.stop_token_ids, self.pad_token_id)
+        out = finalize_responses(response, log_probs, sampling.stop_token_ids, self.pad_token_id)
+        self._count_decode(response.shape[0] * response.shape[1], int(out.response_mask.sum()))
+        return out
+
+    def _count_decode(self, row_steps: int, useful: int) -> None:
+        self.decode_stats["row_steps"] += row_steps
+        self.decode_stats["useful_row_steps"] += useful
 
     # ---- multi-turn: continue each trajectory's KV cache across turns ---------------------------
     def generate_continuing(
@@ -374,3 +373,6 @@ def _weights_by_name(model: nn.Module) -> dict[str, Tensor]:
             if ".lora_" not in name:
                 out.setdefault(name.replace(".base_layer.", "."), t)
     return out
+
+
+__all__ = ["HFRolloutEngine", "KVCache", "RolloutSampler", "top_k_top_p_filter"]

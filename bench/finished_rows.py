@@ -1,0 +1,123 @@
+"""Decode work spent on finished rows: the hf engine's own loop (rows leave the batch as they
+finish) against transformers' ``generate`` (every row computed until the longest finishes).
+
+    hybridflow bench finished_rows [--cells 4x8x48,2x8x128,8x4x256] [--repeats 3] [--model PATH]
+
+A cell PxSxT is P chat-templated arithmetic prompts (the demo's task, built as the train flow
+builds them) × S samples each at temperature 1, up to T new tokens, stopping at the tokenizer's
+EOS — a GRPO rollout of the demo's kind. Both sides run on the same model object, same seeds,
+alternating (own, generate, generate, own, ...); the script checks that they return the same
+tokens. Reported per cell: wall seconds (median, min–max), the ratio generate ÷ own, and the
+decode work: rows fed summed over steps (``row_steps``) against Σ response lengths; the share
+of row-steps spent on rows already finished is 1 − Σ lengths ÷ row_steps.
+Writes bench/results/finished_rows.json and the ``finished_rows`` table of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+
+def _cell(text: str) -> tuple[int, int, int]:
+    p, s, t = (int(x) for x in text.lower().split("x"))
+    return p, s, t
+
+
+def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) -> dict:
+    import torch
+
+    from workers.rollout.base import SamplingParams
+    from workers.rollout.hf import HFRolloutEngine
+
+    ids, mask = common.prompt_batch(tok, prompts)
+    engines = {"own": HFRolloutEngine(model, tok, generation_batch_trajectories=prompts * samples),
+               "generate": HFRolloutEngine(model, tok, generation_batch_trajectories=prompts * samples,
+                                           drop_finished_rows=False)}  # fmt: skip
+    seed = {"own": 0, "generate": 0}
+    outputs: dict[str, list] = {"own": [], "generate": []}
+    work: dict[str, dict] = {}
+
+    def side(name: str):
+        def call():
+            seed[name] += 1
+            sampling = SamplingParams(max_new_tokens=tokens, temperature=1.0, n=samples, seed=seed[name],
+                                      stop_token_ids=(int(tok.eos_token_id),))  # fmt: skip
+            out = engines[name].generate(ids, mask, sampling)
+            outputs[name].append(out)
+            work.setdefault(name, {"row_steps": 0, "useful_row_steps": 0})
+            for k, v in engines[name].decode_stats.items():
+                work[name][k] += v
+            return None
+
+        return call
+
+    got = common.alternate({"own": side("own"), "generate": side("generate")}, repeats)
+    for a, b in zip(outputs["own"], outputs["generate"], strict=True):
+        if not torch.equal(a.response_ids, b.response_ids):
+            raise RuntimeError("the two decode paths returned different tokens for the same seed")
+    ratios = [g / o for o, g in zip(got["own"], got["generate"], strict=True)]
+    lengths = torch.cat([o.response_mask.sum(-1) for o in outputs["own"]]).float()
+    return {"prompts": prompts, "samples": samples, "max_tokens": tokens, "prompt_len": int(ids.shape[1]),
+            "seconds": got, "own": common.stats(got["own"]), "generate": common.stats(got["generate"]),
+            "speedup": common.stats(ratios), "work": work,
+            "finished_share": {k: 1 - w["useful_row_steps"] / max(w["row_steps"], 1) for k, w in work.items()},
+            "response_length": {"mean": float(lengths.mean()), "min": int(lengths.min()), "max": int(lengths.max())}}
+
+
+def measure(model_path: str, cells: list[tuple[int, int, int]], repeats: int) -> dict:
+    model, tok = common.load_model(model_path)
+    out = []
+    for p, s, t in cells:
+        cell = run_cell(model, tok, p, s, t, repeats)
+        out.append(cell)
+        print(f"{p}×{s}, ≤{t} tokens: own {cell['own']['median']:.2f} s, generate {cell['generate']['median']:.2f} s, "
+              f"×{cell['speedup']['median']:.2f}; finished-row share {cell['finished_share']['generate']:.0%} → "
+              f"{cell['finished_share']['own']:.0%}", flush=True)
+    return {"model": model_path, "repeats": repeats, "cells": out}
+
+
+def render(res: dict) -> str:
+    rows = []
+    for c in res["cells"]:
+        rl, w = c["response_length"], c["work"]
+        rows.append((f"{c['prompts']} × {c['samples']}", c["max_tokens"], f"{rl['mean']:.1f} ({rl['min']}–{rl['max']})",
+                     f"{c['generate']['median']:.2f}", f"{c['own']['median']:.2f}",
+                     f"{c['speedup']['median']:.2f} ({c['speedup']['min']:.2f}–{c['speedup']['max']:.2f})",
+                     f"{w['generate']['row_steps']} / {w['own']['row_steps']}",
+                     f"{c['finished_share']['generate']:.0%} → {c['finished_share']['own']:.0%}"))
+    table = common.markdown_table(
+        ["prompts × samples", "max tokens", "response length mean (min–max)", "generate s", "own loop s",
+         "generate ÷ own, median (min–max)", "row-steps generate / own", "row-steps on finished rows"], rows)
+    return "\n\n".join([
+        common.measured_under(res["environment"]) + f" Model `{res['model']}`, temperature 1, EOS stop, "
+        f"{res['repeats']} alternating runs per side after a warm-up; seconds are medians; same tokens on both "
+        "sides (checked).",
+        table,
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=common.DEMO_MODEL, help="model.path (default: the demo model)")
+    p.add_argument("--cells", default="4x8x48,2x8x128,8x4x256",
+                   help="comma-separated PROMPTSxSAMPLESxTOKENS cells")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=None)
+    p.add_argument("--no-docs", action="store_true")
+    args = p.parse_args(argv)
+    common.set_threads(args.threads)
+    cells = [_cell(c) for c in args.cells.split(",") if c.strip()]
+    res = common.write_result_and_render("finished_rows", measure(args.model, cells, args.repeats), render,
+                                         out=args.out, docs=not args.no_docs)  # fmt: skip
+    return 0 if res else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
