@@ -160,14 +160,14 @@ class _HiddenLogProbs(torch.autograd.Function):
         ent = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         w = weight.float()  # a no-op for float32 weights; one [V, H] copy otherwise
         b = None if bias is None else bias.float()
-        for s in range(0, n, chunk_rows):
-            z = _chunk_logits(hidden[s : s + chunk_rows], w, b, temperature)  # [rows, V] float32
-            lse_c = torch.logsumexp(z, -1)
+        for s in range(0, n, chunk_rows):  # at most two [rows, V] float32 buffers live at once
+            log_p = _chunk_logits(hidden[s : s + chunk_rows], w, b, temperature)  # z = logits / T
+            lse_c = torch.logsumexp(log_p, -1)
+            log_p.sub_(lse_c[:, None])  # in place: z − lse = log p
             lse[s : s + chunk_rows] = lse_c
-            out[s : s + chunk_rows] = z.gather(-1, labels[s : s + chunk_rows, None])[:, 0] - lse_c
-            if with_entropy:  # H = lse − Σ p·z; 0·(−inf) at banned tokens counts 0
-                p = torch.exp(z - lse_c[:, None])
-                ent[s : s + chunk_rows] = lse_c - (p * z).nan_to_num_(nan=0.0).sum(-1)
+            out[s : s + chunk_rows] = log_p.gather(-1, labels[s : s + chunk_rows, None])[:, 0]
+            if with_entropy:  # H = −Σ p log p; 0·(−inf) at banned tokens counts 0
+                ent[s : s + chunk_rows] = -torch.exp(log_p).mul_(log_p).nan_to_num_(nan=0.0).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: no work for it
@@ -188,16 +188,19 @@ class _HiddenLogProbs(torch.autograd.Function):
             grad_ent = None
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s : s + rows]
-            z = _chunk_logits(h, w, b, t)
-            log_p = z - lse[s : s + rows, None]
-            p = torch.exp(log_p)
-            g = torch.zeros_like(z)  # d loss / d z, z = logits / T
+            log_p = _chunk_logits(h, w, b, t).sub_(lse[s : s + rows, None])  # two [rows, V] buffers
+            g = torch.exp(log_p)  # p, turned into d loss / d z in place (z = logits / T)
+            term = None
+            if grad_ent is not None:  # dH/dz_j = −p_j (log p_j + H), in log_p's buffer
+                term = log_p.add_(ent[s : s + rows, None]).mul_(g).nan_to_num_(nan=0.0)
+                term.mul_(grad_ent[s : s + rows, None])
             if grad_out is not None:  # d log p_y / d z_j = 1[j = y] − p_j
                 go = grad_out[s : s + rows, None]
-                g.sub_(p * go).scatter_add_(-1, labels[s : s + rows, None], go)
-            if grad_ent is not None:  # dH/dz_j = −p_j (log p_j + H)
-                term = (p * (log_p + ent[s : s + rows, None])).nan_to_num_(nan=0.0)
-                g.sub_(term.mul_(grad_ent[s : s + rows, None]))
+                g.mul_(-go).scatter_add_(-1, labels[s : s + rows, None], go)
+            else:
+                g.zero_()
+            if term is not None:
+                g.sub_(term)
             g.div_(t)  # d loss / d logits
             if grad_h is not None:
                 grad_h[s : s + rows] = g @ w
