@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import peak, rollout, train
+from bench import lm_head, peak, rollout, train
 
 
 def test_peak_smoke(tmp_path):
@@ -83,3 +83,15 @@ def test_train_smoke(tmp_path):
     assert res["peak_alongside_gflops"]["n"] == 1 and res["probe_size"] == 64
     assert res["hybridflow"]["mfu_vs_peak_alongside"] > 0
     assert "update_policy" in train.render(res)
+
+
+def test_lm_head_smoke(tmp_path):
+    out = tmp_path / "lm_head.json"
+    argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--repeats", "1", "--out", str(out), "--no-docs"]
+    assert lm_head.main(argv) == 0
+    res = json.loads(out.read_text())
+    for side in ("chunked", "full"):  # one subprocess per side, each with its own peak RSS
+        assert len(res["runs"][side]) == 1
+        run = res["runs"][side][0]
+        assert run["tokens_per_s"] > 0 and run["peak_rss_mb"] >= run["rss_before_update_mb"] > 0
+    assert "chunked" in lm_head.render(res)
