@@ -1,6 +1,7 @@
 """Training throughput and MFU of ``PolicyWorker.update_policy`` (forward + backward + AdamW).
 
     hybridflow bench train [--micro 8] [--seq 256] [--steps 2] [--repeats 3] [--model PATH] [--profile]
+                           [--lm-head auto|chunked|full]
 
 The batch: ``--steps`` × ``--micro`` trajectories of exactly ``--seq`` real tokens (a quarter
 prompt, the rest response; no padding), random token ids, old_log_probs from the model itself,
@@ -13,7 +14,9 @@ MFU = achieved model FLOP/s ÷ measured matmul peak: a float32 2048³ matmul pro
 updates (same machine state; the headline), and bench/results/peak.json's peak. Model
 FLOPs = 3 × forward (backward = 2 × forward) and forward = 2·N per token (N = every weight a
 token multiplies, the LM head included) + causal attention 4·layers·heads·head_dim·(seq+1)/2.
-``--profile`` writes the torch profiler's top ops of one update to bench/results/train_profile.txt.
+``--lm-head`` is the policy's ``actor.lm_head`` (the bare step always takes the full logits;
+``hybridflow bench lm_head`` compares the two heads, with peak memory). ``--profile`` writes
+the torch profiler's top ops of one update to bench/results/train_profile.txt.
 Writes bench/results/train.json and the ``train`` table of docs/benchmarks.md.
 """
 
@@ -104,11 +107,11 @@ def profile_update(worker, batch, path: Path, version: int) -> int:
 
 
 def measure(model_path: str, micro: int, seq: int, steps: int, repeats: int, profile: bool,
-            probe_size: int = 2048, warmup: bool = True) -> dict:
+            probe_size: int = 2048, warmup: bool = True, lm_head: str = "auto") -> dict:
     from bench.peak import load_peak
     from workers.policy import PolicyWorker
 
-    cfg = train_config(model_path, micro, seq, steps)
+    cfg = train_config(model_path, micro, seq, steps, **{"actor.lm_head": lm_head})
     worker = PolicyWorker(cfg)
     batch = synthetic_batch(worker, micro * steps, seq)
     bare = bare_step_fn(model_path, batch, micro)
@@ -133,7 +136,8 @@ def measure(model_path: str, micro: int, seq: int, steps: int, repeats: int, pro
         state["version"] = profile_update(worker, batch, common.RESULTS_DIR / "train_profile.txt", state["version"])
     flops = train_flops(worker.module, seq)
     peak = load_peak()
-    out = {"model": model_path, "warmup": warmup, "micro_batch": micro, "seq": seq, "optimizer_steps": steps, "repeats": repeats,
+    out = {"model": model_path, "lm_head": lm_head, "warmup": warmup, "micro_batch": micro, "seq": seq,
+           "optimizer_steps": steps, "repeats": repeats,
            "tokens_per_update": tokens, "train_flops_per_token": flops,
            "hybridflow_tokens_per_s": got["hybridflow"], "bare_tokens_per_s": got["bare"],
            "hybridflow": common.stats(got["hybridflow"]), "bare": common.stats(got["bare"]),
@@ -167,7 +171,7 @@ def render(res: dict) -> str:
                      pct("mfu_vs_peak"), pct("mfu_vs_model_mix")))
     r = res["ratio"]
     return "\n\n".join([
-        common.measured_under(res["environment"]) + f" Model `{res['model']}`, micro-batch {res['micro_batch']} × "
+        common.measured_under(res["environment"]) + f" Model `{res['model']}` (actor.lm_head={res.get('lm_head', 'full')}), micro-batch {res['micro_batch']} × "
         f"{res['seq']} tokens, {res['optimizer_steps']} optimizer steps per update, {res['repeats']} alternating runs"
         f"{'' if res.get('warmup', True) else ' (no warm-up run)'}.",
         common.markdown_table(["update", "tokens/s (median)", "min–max", "model GFLOP/s",
@@ -192,12 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="torch-profile one extra update")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed first update of each side")
     p.add_argument("--probe-size", type=int, default=2048, help="size of the square matmul peak probe")
+    p.add_argument("--lm-head", choices=["auto", "chunked", "full"], default="auto",
+                   help="the policy's actor.lm_head (bench/lm_head.py compares them)")
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
     common.set_threads(args.threads)
     data = measure(args.model, args.micro, args.seq, args.steps, args.repeats, args.profile, args.probe_size,
-                   not args.no_warmup)
+                   not args.no_warmup, args.lm_head)
     common.write_result_and_render("train", data, render, out=args.out, docs=not args.no_docs)
     return 0
 

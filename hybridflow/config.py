@@ -260,6 +260,16 @@ class ActorConfig(_Section):
     entropy_coef: float = Field(0.0, description="Entropy bonus coefficient (subtracted from the loss).")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
     shuffle: bool = Field(False, description="Shuffle trajectories between mini-batches.")
+    lm_head: Literal["auto", "chunked", "full"] = Field(
+        "auto",
+        description="How the policy's log-probs (and entropies) come from its last hidden states "
+        "(workers/log_probs.py): 'chunked' = the LM head's matmul and log-softmax in row chunks, forward and "
+        "backward, so the [rows, response_len, vocab] logits never exist at once (the idea of Liger Kernel's "
+        "fused linear cross-entropy, Hsu et al. 2024, arXiv:2410.10989; verl use_fused_kernels); an error at "
+        "the first forward for a model whose head it cannot reproduce (DDP/FSDP2 or PEFT wrapper, a head that "
+        "is not a plain Linear, logit softcapping or scaling, an architecture not known to be plain); "
+        "'full' = the model's own full logits; 'auto' = 'chunked' where it can, else 'full'.",
+    )
     old_log_probs: Literal["auto", "recompute", "rollout"] = Field(
         "auto",
         description="Where old_log_probs come from: 'recompute' = a trainer forward pass after rollout "

@@ -1,19 +1,79 @@
 """Log-probs of the response tokens under a policy module, and the trainer-vs-rollout log-prob gap
-(``rollout/logprob_diff_*``)."""
+(``rollout/logprob_diff_*``).
+
+Two ways to the log-probs: the full path (the causal LM's [B, R, V] logits, then
+:func:`log_probs_from_logits`), and the chunked LM head (the decoder body's [B, R, H] hidden
+states, then :func:`log_probs_from_hidden`, which never holds more than a chunk of the logits).
+The chunked head is taken only where it computes what the model's own head does — see
+:func:`chunked_head_of`; everything else keeps the full path.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from hybridflow.algorithms import entropy_from_logits, log_probs_from_logits
+from hybridflow.algorithms import entropy_from_logits, log_probs_from_hidden, log_probs_from_logits
 from hybridflow.batch import Batch
 from workers import distributed as D
 from workers import shared_prefix
 
+LmHead = Literal["auto", "chunked", "full"]
+
+# causal LMs whose logits are exactly ``lm_head(norm(last hidden))``: no softcapping, scaling or
+# extra head logic in their forward (checked in transformers' modeling_*.py). "auto" chunks only these.
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "olmo2", "phi3"})
+# config attributes that change logits after the head (Gemma 2/3 softcapping, Cohere, Granite, MiniCPM)
+SCALED_HEAD_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "scale_width", "dim_model_base")
+
+
+def chunked_head_of(model: nn.Module) -> tuple[tuple[nn.Module, nn.Linear] | None, str]:
+    """((decoder body, LM head) when the chunked head computes this model's logits, else None, why not).
+
+    Needs a plain transformers causal LM (not DDP/FSDP2, which expect their own forward; not a
+    PEFT wrapper, whose forward hooks the body call would skip) of a type in
+    ``PLAIN_HEAD_MODEL_TYPES`` whose config sets none of ``SCALED_HEAD_ATTRS`` and whose output
+    embeddings are exactly an ``nn.Linear`` (not a LoRA-wrapped head); tied or not, bias or not.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel) or D.is_fsdp(model):
+        return None, "a DDP/FSDP2-wrapped module runs its own forward"
+    if hasattr(model, "get_base_model"):
+        return None, "a PEFT-wrapped model"
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in PLAIN_HEAD_MODEL_TYPES:
+        return None, f"model_type {model_type!r} is not one of {sorted(PLAIN_HEAD_MODEL_TYPES)}"
+    scaled = [a for a in SCALED_HEAD_ATTRS if getattr(config, a, None) not in (None, 1, 1.0)]
+    if scaled:
+        return None, f"its config scales the logits ({', '.join(scaled)})"
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    body = getattr(model, "base_model", None)
+    if type(head) is not nn.Linear or not isinstance(body, nn.Module) or body is model:
+        return None, f"its LM head is {type(head).__name__}, not a plain nn.Linear after a decoder body"
+    return (body, head), ""
+
+
+def resolve_lm_head(model: nn.Module, lm_head: LmHead) -> tuple[nn.Module, nn.Linear] | None:
+    """(body, head) to run the chunked head with, or None for the full path.
+
+    lm_head: "full" → None; "auto" → chunked when :func:`chunked_head_of` allows; "chunked" →
+    the same, but raises ValueError naming the reason when it does not.
+    """
+    if lm_head == "full":
+        return None
+    parts, why = chunked_head_of(model)
+    if parts is None and lm_head == "chunked":
+        raise ValueError(f"actor.lm_head=chunked: cannot chunk this model's LM head ({why}); use auto or full")
+    return parts
+
 
 def sequence_log_probs(
-    model: nn.Module, batch: Batch, *, temperature: float, with_entropy: bool = False, entropy_grad: bool = False
+    model: nn.Module, batch: Batch, *, temperature: float, with_entropy: bool = False, entropy_grad: bool = False,
+    lm_head: LmHead = "full",
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens under ``model`` on logits / temperature.
 
@@ -22,7 +82,19 @@ def sequence_log_probs(
     the model's device. Returns ([B, R] float32 nats, [B, R] float32 entropy or None), on the
     model's device; positions outside response_mask hold numbers the caller masks out.
     entropy_grad: keep the entropy in the autograd graph (for an entropy bonus).
+    lm_head: "full" = the model's [B, R, V] logits; "auto"/"chunked" = the chunked LM head
+    (:func:`resolve_lm_head`), the same numbers up to float rounding without those logits.
     """
+    parts = resolve_lm_head(model, lm_head)
+    if parts is not None:
+        body, head = parts
+        hidden = shared_prefix.response_hidden_states(model, body, batch)  # [B, R, H]
+        labels = batch["response_ids"].to(hidden.device)
+        lp, ent = log_probs_from_hidden(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels.reshape(-1),
+                                        temperature=temperature, bias=head.bias, with_entropy=with_entropy)
+        if ent is not None:
+            ent = (ent if entropy_grad else ent.detach()).view(labels.shape)
+        return lp.view(labels.shape), ent
     response_logits = shared_prefix.response_logits(model, batch)
     device = response_logits.device
     log_probs = log_probs_from_logits(response_logits, batch["response_ids"].to(device), temperature=temperature)
@@ -59,4 +131,4 @@ class LogprobGap:
         return {"rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": tot[0] / max(tot[1], 1.0)}
 
 
-__all__ = ["sequence_log_probs", "accepts_logits_to_keep", "LogprobGap"]
+__all__ = ["LmHead", "LogprobGap", "accepts_logits_to_keep", "chunked_head_of", "resolve_lm_head", "sequence_log_probs"]

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from hybridflow.algorithms import (
     get_policy_loss,
     kl_loss,
+    masked_mean,
     masked_sum,
     rollout_correction_weights,
 )
@@ -154,7 +155,8 @@ class PolicyWorker(Generation, WeightPublisher):
         temp = self.cfg.rollout.temperature
 
         def run(chunk: Batch) -> tuple[Tensor, Tensor]:
-            lp, ent = sequence_log_probs(self.inference_module, chunk, temperature=temp, with_entropy=True)
+            lp, ent = sequence_log_probs(self.inference_module, chunk, temperature=temp, with_entropy=True,
+                                         lm_head=self.cfg.actor.lm_head)
             return lp.float().cpu(), ent.float().cpu()
 
         parts = chunked_inference(self.inference_module, batch, self.cfg.actor.micro_batch_trajectories, run)
@@ -184,6 +186,10 @@ class PolicyWorker(Generation, WeightPublisher):
         Returns metrics with verl names, averaged over ranks: actor/pg_loss, actor/pg_clipfrac,
         actor/pg_clipfrac_lower, actor/ppo_kl, actor/entropy, actor/kl_loss, actor/grad_norm,
         actor/lr, actor/bad_updates, actor/update_skipped, perf/total_num_tokens, timing_s/update_actor;
+        actor/entropy is the loss-aggregated entropy with an entropy bonus (actor.entropy_coef ≠ 0),
+        else only a logged metric, measured (without gradient) on a sample: the token mean over the
+        first micro-batch of each mini-batch (whose rows are the mini-batch's shortest responses,
+        or its first prompt group, see workers.micro_batches.by_length);
         with a rollout correction rollout_corr/rollout_is_mean and _ratio_fraction_high (token
         means) and rollout_corr/rollout_is_max (max over micro-batches and ranks).
         Raises VersionMismatchError, or BatchError for a missing field.
@@ -231,8 +237,12 @@ class PolicyWorker(Generation, WeightPublisher):
 
     def _micro_loss(self, model: nn.Module, mb: Batch, plan: Any) -> MicroResult:
         a = self.cfg.actor
-        lp, ent = sequence_log_probs(model, mb, temperature=self.cfg.rollout.temperature, with_entropy=True,
-                                     entropy_grad=a.entropy_coef != 0)
+        # without an entropy bonus the entropy is only logged: measured on the first micro-batch of
+        # each mini-batch, detached, and skipped (a pass over every chunk's logits) on the others
+        bonus = a.entropy_coef != 0
+        with_entropy = bonus or plan.rows.start == 0
+        lp, ent = sequence_log_probs(model, mb, temperature=self.cfg.rollout.temperature, with_entropy=with_entropy,
+                                     entropy_grad=bonus, lm_head=a.lm_head)
         dev = lp.device
         mask = mb["response_mask"].to(dev)
         if self._gap is not None and self.optim.steps_applied == self._gap_before_step and not self._padding:
@@ -247,10 +257,12 @@ class PolicyWorker(Generation, WeightPublisher):
         m = dict(m) | corr_metrics
         maxima = {k: m.pop(k) for k in [IS_MAX] if k in m}
         terms = {"pg_loss": m.pop("pg_loss")}
-        entropy = plan.aggregate(ent, mask)
-        terms["entropy"] = float(entropy.detach())
-        if a.entropy_coef:
+        if bonus:
+            entropy = plan.aggregate(ent, mask)
+            terms["entropy"] = float(entropy.detach())
             loss = loss - a.entropy_coef * entropy
+        elif ent is not None:  # a token mean, weighted by tokens over the sampled micro-batches
+            m["entropy"] = float(masked_mean(ent.detach(), mask))
         if a.use_kl_loss:
             kl = kl_loss(lp, mb["ref_log_probs"].to(dev), mask, a.kl_loss_type, **plan.loss_kwargs)
             loss = loss + a.kl_loss_coef * kl

@@ -147,6 +147,22 @@ def response_logits(model: nn.Module, batch: Batch) -> Tensor:
     repeats; otherwise one forward over ``[prompt ‖ response]`` with the LM head on the response
     positions only when the model takes ``logits_to_keep``.
     """
+    return _response_positions(model, model, batch, "logits")
+
+
+def response_hidden_states(model: nn.Module, body: nn.Module, batch: Batch) -> Tensor:
+    """[B, R, H] final hidden states (after the last norm) whose position t predicts
+    ``response_ids[:, t]``: the LM head applied to them gives :func:`response_logits`.
+
+    model: the causal LM (decides prompt sharing); body: its decoder without the head
+    (``model.base_model``, e.g. ``LlamaModel``), which is what runs — the head never does.
+    Same batch fields, prompt sharing and devices as :func:`response_logits`.
+    """
+    return _response_positions(model, body, batch, "last_hidden_state")
+
+
+def _response_positions(model: nn.Module, run: nn.Module, batch: Batch, output: str) -> Tensor:
+    """``run``'s ``output`` ([B, R, ...]) at the positions that predict the response tokens."""
     device = next(model.parameters()).device
     p_len, r_len = batch["prompt_ids"].shape[1], batch["response_ids"].shape[1]
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
@@ -158,16 +174,16 @@ def response_logits(model: nn.Module, batch: Batch) -> Tensor:
         groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"], prompt_pos)
     if groups is not None:
         first, inverse = (g.to(device) for g in groups)
-        cache = shared_prompt_cache(model, ids[first, : p_len - 1], attn[first, : p_len - 1],
+        cache = shared_prompt_cache(run, ids[first, : p_len - 1], attn[first, : p_len - 1],
                                     pos[first, : p_len - 1], inverse)
         if cache:
             end = p_len + r_len - 1  # the last response token is never an input
-            return model(input_ids=ids[:, p_len - 1 : end], attention_mask=attn[:, :end].long(),
-                         position_ids=pos[:, p_len - 1 : end], use_cache=True, **cache).logits
-    kwargs = {"logits_to_keep": r_len + 1} if forward_kwargs(model)[1] else {}
-    logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False, **kwargs).logits
+            out = run(input_ids=ids[:, p_len - 1 : end], attention_mask=attn[:, :end].long(),
+                      position_ids=pos[:, p_len - 1 : end], use_cache=True, **cache)
+            return getattr(out, output)
+    kwargs = {"logits_to_keep": r_len + 1} if forward_kwargs(run)[1] else {}
+    values = getattr(run(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False, **kwargs), output)
     # with logits_to_keep the head ran on the last prompt position and the response positions only
-    return logits[:, -(r_len + 1) : -1] if kwargs else logits[:, p_len - 1 : -1]
+    return values[:, -(r_len + 1) : -1] if kwargs else values[:, p_len - 1 : -1]
 
-
-__all__ = ["attention_mask", "forward_kwargs", "gather_rows", "prompt_groups", "response_logits", "shared_prompt_cache", "shares_prompts"]
+__all__ = ["attention_mask", "forward_kwargs", "gather_rows", "prompt_groups", "response_hidden_states", "response_logits", "shared_prompt_cache", "shares_prompts"]

@@ -36,7 +36,7 @@ from hybridflow.algorithms.kl import (
     kl_penalty,
     make_kl_controller,
 )
-from hybridflow.algorithms.logits import entropy_from_logits, log_probs_from_logits
+from hybridflow.algorithms.logits import entropy_from_logits, log_probs_from_hidden, log_probs_from_logits
 from hybridflow.algorithms.registry import (
     advantage_estimator_min_samples,
     advantage_estimator_names,
@@ -85,6 +85,7 @@ __all__ = [
     "masked_whiten",
     "entropy_from_logits",
     "log_probs_from_logits",
+    "log_probs_from_hidden",
     "position_ids_from_mask",
     "response_mask_from_ids",
     "overlong_penalty",

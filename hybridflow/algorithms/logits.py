@@ -1,4 +1,5 @@
-"""Log-probabilities and entropies from logits without a [.., vocab] float32 copy.
+"""Log-probabilities and entropies from logits without a [.., vocab] float32 copy, and from the
+final hidden states without the [rows, vocab] logits at all (:func:`log_probs_from_hidden`).
 
 A plain ``log_softmax(logits / T).gather(...)`` materialises (and autograd keeps) a full
 float32 [batch, seq, vocab] tensor — for a 150k vocabulary that is the largest tensor of a
@@ -143,4 +144,111 @@ def entropy_from_logits(logits: Tensor, *, temperature: float = 1.0) -> Tensor:
     return _Entropy.apply(logits, float(temperature))
 
 
-__all__ = ["log_probs_from_logits", "entropy_from_logits", "BLOCK_ELEMENTS"]
+def _head_rows(vocab: int, chunk_rows: int | None) -> int:
+    return chunk_rows if chunk_rows is not None else max(1, BLOCK_ELEMENTS // max(vocab, 1))
+
+
+class _HiddenLogProbs(torch.autograd.Function):
+    """The LM head + log-softmax (+ entropy) over row chunks; see :func:`log_probs_from_hidden`."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float,
+                with_entropy: bool, chunk_rows: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+        n = hidden.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        ent = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        w = weight.float()  # a no-op for float32 weights; one [V, H] copy otherwise
+        b = None if bias is None else bias.float()
+        for s in range(0, n, chunk_rows):  # at most two [rows, V] float32 buffers live at once
+            log_p = _chunk_logits(hidden[s : s + chunk_rows], w, b, temperature)  # z = logits / T
+            lse_c = torch.logsumexp(log_p, -1)
+            log_p.sub_(lse_c[:, None])  # in place: z − lse = log p
+            lse[s : s + chunk_rows] = lse_c
+            out[s : s + chunk_rows] = log_p.gather(-1, labels[s : s + chunk_rows, None])[:, 0]
+            if with_entropy:  # H = −Σ p log p; 0·(−inf) at banned tokens counts 0
+                ent[s : s + chunk_rows] = -torch.exp(log_p).mul_(log_p).nan_to_num_(nan=0.0).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: no work for it
+        return out, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor | None, grad_ent: Tensor | None):
+        hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
+        t, rows = ctx.temperature, ctx.chunk_rows
+        w = weight.float()
+        b = None if bias is None else bias.float()
+        want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if want_h else None
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if want_w else None
+        grad_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if want_b and b is not None else None
+        if grad_ent is not None and not ent.numel():
+            grad_ent = None
+        for s in range(0, hidden.shape[0], rows):
+            h = hidden[s : s + rows]
+            log_p = _chunk_logits(h, w, b, t).sub_(lse[s : s + rows, None])  # two [rows, V] buffers
+            g = torch.exp(log_p)  # p, turned into d loss / d z in place (z = logits / T)
+            term = None
+            if grad_ent is not None:  # dH/dz_j = −p_j (log p_j + H), in log_p's buffer
+                term = log_p.add_(ent[s : s + rows, None]).mul_(g).nan_to_num_(nan=0.0)
+                term.mul_(grad_ent[s : s + rows, None])
+            if grad_out is not None:  # d log p_y / d z_j = 1[j = y] − p_j
+                go = grad_out[s : s + rows, None]
+                g.mul_(-go).scatter_add_(-1, labels[s : s + rows, None], go)
+            else:
+                g.zero_()
+            if term is not None:
+                g.sub_(term)
+            g.div_(t)  # d loss / d logits
+            if grad_h is not None:
+                grad_h[s : s + rows] = g @ w
+            if grad_w is not None:
+                grad_w.addmm_(g.T, h.float())
+            if grad_b is not None:
+                grad_b.add_(g.sum(0))
+        cast = lambda x, like: None if x is None else x.to(like.dtype)  # noqa: E731
+        return (cast(grad_h, hidden), cast(grad_w, weight), cast(grad_b, bias) if bias is not None else None,
+                None, None, None, None)
+
+
+def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float) -> Tensor:
+    """[rows, V] float32 logits / T of the hidden rows ``h`` [rows, H] under the head ``w`` [V, H] (+ b [V])."""
+    z = h.float() @ w.T if b is None else torch.addmm(b, h.float(), w.T)
+    return z.div_(temperature)
+
+
+def log_probs_from_hidden(
+    hidden: Tensor, weight: Tensor, labels: Tensor, *, temperature: float = 1.0, bias: Tensor | None = None,
+    with_entropy: bool = False, chunk_rows: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """log softmax((hidden·Wᵀ + b) / T)[label] (and the entropy) per row, without the [rows, vocab] logits.
+
+    The LM head's matmul runs in chunks of ``chunk_rows`` rows (default: about
+    ``BLOCK_ELEMENTS`` logits per chunk), in float32; forward keeps only ``hidden`` and one
+    float per row (the log-sum-exp, and the entropy when asked), and backward recomputes each
+    chunk's logits to accumulate d hidden = g·W and d W += gᵀ·hidden (d b += Σ g). So the
+    largest temporaries are [chunk_rows, vocab] float32, in forward and backward alike.
+    The idea of Liger Kernel's fused linear cross-entropy (Hsu et al. 2024, arXiv:2410.10989)
+    and verl's ``use_fused_kernels``, here in plain torch.
+
+    hidden: [N, H] any float dtype (the final hidden states, after the model's last norm);
+    weight: [V, H] the LM head (a tied embedding matrix is fine: its gradient adds to the
+    embedding's); bias: [V] or None; labels: [N] int64 token ids. Returns ([N] float32 nats,
+    [N] float32 entropy in nats, or None without ``with_entropy``); both differentiable w.r.t.
+    hidden, weight and bias (the entropy only costs backward work when its gradient is used).
+    Double backward is not supported. Raises ValueError for T ≤ 0 or mismatched shapes.
+    """
+    _check_temperature(temperature)
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1] or labels.shape != hidden.shape[:1]:
+        raise ValueError(f"need hidden [N, H], weight [V, H], labels [N]; got {tuple(hidden.shape)}, "
+                         f"{tuple(weight.shape)}, {tuple(labels.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias {tuple(bias.shape)} must be [V] = [{weight.shape[0]}]")
+    rows = _head_rows(weight.shape[0], chunk_rows)
+    lp, ent = _HiddenLogProbs.apply(hidden, weight, bias, labels.long(), float(temperature), with_entropy, rows)
+    return lp, (ent if with_entropy else None)
+
+
+__all__ = ["log_probs_from_logits", "entropy_from_logits", "log_probs_from_hidden", "BLOCK_ELEMENTS"]

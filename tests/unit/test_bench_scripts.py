@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import peak, rollout, train
+from bench import lm_head, peak, rollout, train
 
 
 def test_peak_smoke(tmp_path):
@@ -98,3 +98,15 @@ def test_finished_rows_smoke(tmp_path):
     assert cell["finished_share"]["own"] == 0.0
     assert cell["work"]["generate"]["row_steps"] >= cell["work"]["own"]["row_steps"]
     assert "| 2 × 3 | 6 |" in finished_rows.render(res)
+
+
+def test_lm_head_smoke(tmp_path):
+    out = tmp_path / "lm_head.json"
+    argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--repeats", "1", "--out", str(out), "--no-docs"]
+    assert lm_head.main(argv) == 0
+    res = json.loads(out.read_text())
+    for side in ("chunked", "full"):  # one subprocess per side, each with its own peak RSS
+        assert len(res["runs"][side]) == 1
+        run = res["runs"][side][0]
+        assert run["tokens_per_s"] > 0 and run["peak_rss_mb"] >= run["rss_before_update_mb"] > 0
+    assert "chunked" in lm_head.render(res)

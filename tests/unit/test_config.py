@@ -32,6 +32,7 @@ def test_config_is_frozen():
         ("rollout.engine=tgi", "'hf' or 'vllm'"),
         ("actor.lrr=1", "unknown key 'actor.lrr'"),
         ("actor.mini_batch_trajectories=5", "must divide"),
+        ("actor.lm_head=fused", "actor.lm_head"),
     ],
 )
 def test_bad_values_name_key_and_allowed(override, fragment):
