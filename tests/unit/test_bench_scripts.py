@@ -97,6 +97,8 @@ def test_finished_rows_smoke(tmp_path):
     # the own loop computes exactly the response tokens; generate at least as many
     assert cell["finished_share"]["own"] == 0.0
     assert cell["work"]["generate"]["row_steps"] >= cell["work"]["own"]["row_steps"]
+    assert cell["identical_rows"][1] == 2 * 3 * 2  # warm-up + 1 run
+    assert 0 <= cell["max_log_prob_gap_identical_rows"] < 1e-4
     assert "| 2 × 3 | 6 |" in finished_rows.render(res)
 
 
