@@ -2,6 +2,7 @@
 
     hybridflow bench e2e [--repeats 3] [--runners ray,thread] [--prompts-per-step 8]
                          [--samples-per-prompt 4] [--max-response-tokens 64] [--mini 16] [--micro 4]
+    hybridflow bench e2e --grid-from a.json,b.json,...   # one table of cells run with --out
 
 Same model (float32), same prompts in the same order (chat-templated arithmetic, no shuffle),
 same samples per prompt, max response tokens, temperature 1 with no top-k/top-p, mini-batch
@@ -199,6 +200,32 @@ def render(res: dict) -> str:
     return head + "\n\n" + table
 
 
+def render_grid(results: list[dict]) -> str:
+    """One row per e2e result (a cell of the grid, each measured side by side with TRL in its own run):
+    the hybridflow side is its first task runner."""
+    rows = []
+    for res in results:
+        s, env = res["settings"], res["environment"]
+        side = next(k for k in res["sides"] if k != "trl")
+        trl, hf = res["sides"]["trl"], res["sides"][side]
+        tp, hp = ({k: x["median"] for k, x in v["phases_s"].items()} for v in (trl, hf))
+        ratio = res["ratios"][side]
+        other = hp["other"]
+        rows.append((f"{s['prompts_per_step']} × {s['samples_per_prompt']}, ≤ {s['max_response_tokens']}",
+                     f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f})",
+                     f"{trl['wall_s']['median']:.1f} / {hf['wall_s']['median']:.1f}",
+                     f"{tp['generate'] + tp['old_log_probs_and_advantages']:.1f} / {hp['rollout'] + hp['advantage']:.1f}",
+                     f"{tp['update']:.1f} / {hp['update']:.1f}",
+                     f"{trl['response_tokens']['median']:.0f} / {hf['response_tokens']['median']:.0f}",
+                     f"{other:.1f} ({100 * other / hf['wall_s']['median']:.1f} %)",
+                     f"{res['repeats']}", f"{env['load_avg'][0]:.1f} / {env['load_avg'][1]:.1f}",
+                     env["date"][:16]))
+    return common.markdown_table(
+        ["prompts × samples, max tokens", "hybridflow ÷ TRL tokens/s, median (min–max)", "iteration s TRL / hf",
+         "rollout + old log-probs s TRL / hf", "update s TRL / hf", "response tokens TRL / hf",
+         "orchestration s (% of iteration)", "rounds", "load avg 1 / 5 min at the end", "measured"], rows)
+
+
 def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -218,7 +245,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="a dotted hybridflow config override (repeatable), e.g. actor.old_log_probs=recompute")
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
+    p.add_argument("--grid-from", type=_csv, default=None, metavar="JSON,JSON,...",
+                   help="measure nothing: render the e2e results in these files (one per cell, from --out) as the "
+                   "e2e_grid table of docs/benchmarks.md")
     args = p.parse_args(argv)
+    if args.grid_from:
+        import json
+
+        text = render_grid([json.loads(Path(f).read_text()) for f in args.grid_from])
+        print(text)
+        if not args.no_docs:
+            common.update_docs_section("e2e_grid", text)
+        return 0
     bad = [x for x in args.extra if "=" not in x]
     if bad:
         p.error(f"--extra takes KEY=VALUE, got {bad}")

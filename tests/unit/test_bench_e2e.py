@@ -77,3 +77,28 @@ def test_hybridflow_phases_other_is_the_rest():
     # 10 − (3 + 1 + 0.5 + 4) = 1.5
     assert hybridflow_phases(m, 10.0) == {"rollout": 3.0, "reward": 1.0, "advantage": 0.5, "update": 4.0,
                                           "other": 1.5}
+
+
+def test_grid_renders_one_row_per_cell(tmp_path, capsys):
+    import json
+
+    from bench import e2e
+
+    def cell(p, s, t, ratio):
+        side = lambda wall, ph: {"wall_s": {"median": wall}, "response_tokens": {"median": 100.0},  # noqa: E731
+                                 "phases_s": {k: {"median": v} for k, v in ph.items()}}  # fmt: skip
+        return {"settings": {"prompts_per_step": p, "samples_per_prompt": s, "max_response_tokens": t},
+                "environment": {"load_avg": [1.5, 2.0, 2.5], "date": "2026-12-02 17:38:30"}, "repeats": 3,
+                "sides": {"trl": side(60.0, {"generate": 20.0, "old_log_probs_and_advantages": 10.0, "update": 30.0}),
+                          "hybridflow_ray": side(30.0, {"rollout": 10.0, "advantage": 0.5, "update": 18.0,
+                                                        "other": 1.5})},
+                "ratios": {"hybridflow_ray": {"median": ratio, "min": ratio - 0.1, "max": ratio + 0.1}}}  # fmt: skip
+
+    files = []
+    for i, c in enumerate([(4, 8, 48, 2.1), (8, 4, 256, 1.8)]):
+        files.append(tmp_path / f"c{i}.json")
+        files[-1].write_text(json.dumps(cell(*c)))
+    assert e2e.main(["--grid-from", ",".join(map(str, files)), "--no-docs"]) == 0
+    text = capsys.readouterr().out
+    assert "| 4 × 8, ≤ 48 | 2.10 (2.00–2.20) | 60.0 / 30.0 | 30.0 / 10.5 | 30.0 / 18.0 |" in text
+    assert "| 8 × 4, ≤ 256 | 1.80 (1.70–1.90) |" in text and "1.5 (5.0 %)" in text

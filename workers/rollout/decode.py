@@ -123,6 +123,9 @@ def decode(
             kwargs = {name: cache} if cache is not None else {}
             out = model(input_ids=feed, attention_mask=attn, position_ids=pos, use_cache=True, **kwargs, **keep_last)
             cache = getattr(out, name)
+            if cache is None:
+                raise ValueError(f"decode: {type(model).__name__} returned no KV cache under use_cache=True; set "
+                                 "rollout.drop_finished_rows=false to decode with transformers' generate")
             row_steps += len(alive)
             steps = step + 1
             scores = out.logits[:, -1].float()
