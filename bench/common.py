@@ -229,3 +229,44 @@ def model_flops_per_token(model: Any) -> dict[str, float]:
         n -= embed  # the input embedding is a lookup; the separate lm_head stays counted
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return {"dense": 2.0 * n, "attn_per_ctx": 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim}
+
+
+# ---- rollout cell benchmarks (bench finished_rows, bench compiled_decode) ----------------------
+
+
+def parse_cells(text: str) -> list[tuple[int, int, int]]:
+    """"4x8x48,2x8x128" → [(prompts, samples, max tokens), ...]."""
+    return [tuple(int(x) for x in c.lower().split("x")) for c in text.split(",") if c.strip()]  # type: ignore[misc]
+
+
+def measure_cells(model_path: str, cells: Sequence[tuple[int, int, int]], repeats: int,
+                  run_cell: Callable[..., dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """Load ``model_path`` once and run ``run_cell(model, tok, p, s, t, repeats)`` per cell,
+    printing ``line(cell)`` after each. Returns {"model", "repeats", "cells"}."""
+    model, tok = load_model(model_path)
+    out = []
+    for p, s, t in cells:
+        cell = run_cell(model, tok, p, s, t, repeats)
+        out.append(cell)
+        print(f"{p}×{s}, ≤{t} tokens: " + line(cell), flush=True)
+    return {"model": model_path, "repeats": repeats, "cells": out}
+
+
+def cells_main(name: str, doc: str, default_cells: str, measure: Callable[[str, list, int], dict[str, Any]],
+               render: Callable[[dict[str, Any]], str], argv: list[str] | None) -> int:
+    """The command line of a rollout cell benchmark: --model, --cells, --repeats, --threads,
+    --out, --no-docs; writes bench/results/NAME.json and the NAME block of docs/benchmarks.md."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--model", default=DEMO_MODEL, help="model.path (default: the demo model)")
+    p.add_argument("--cells", default=default_cells, help="comma-separated PROMPTSxSAMPLESxTOKENS cells")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=None)
+    p.add_argument("--no-docs", action="store_true")
+    args = p.parse_args(argv)
+    set_threads(args.threads)
+    res = write_result_and_render(name, measure(args.model, parse_cells(args.cells), args.repeats), render,
+                                  out=args.out, docs=not args.no_docs)  # fmt: skip
+    return 0 if res else 1

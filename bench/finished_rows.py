@@ -15,18 +15,12 @@ Writes bench/results/finished_rows.json and the ``finished_rows`` table of docs/
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
-
-
-def _cell(text: str) -> tuple[int, int, int]:
-    p, s, t = (int(x) for x in text.lower().split("x"))
-    return p, s, t
 
 
 def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) -> dict:
@@ -76,15 +70,10 @@ def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) 
 
 
 def measure(model_path: str, cells: list[tuple[int, int, int]], repeats: int) -> dict:
-    model, tok = common.load_model(model_path)
-    out = []
-    for p, s, t in cells:
-        cell = run_cell(model, tok, p, s, t, repeats)
-        out.append(cell)
-        print(f"{p}×{s}, ≤{t} tokens: own {cell['own']['median']:.2f} s, generate {cell['generate']['median']:.2f} s, "
-              f"×{cell['speedup']['median']:.2f}; finished-row share {cell['finished_share']['generate']:.0%} → "
-              f"{cell['finished_share']['own']:.0%}", flush=True)
-    return {"model": model_path, "repeats": repeats, "cells": out}
+    return common.measure_cells(model_path, cells, repeats, run_cell, lambda cell: (
+        f"own {cell['own']['median']:.2f} s, generate {cell['generate']['median']:.2f} s, "
+        f"×{cell['speedup']['median']:.2f}; finished-row share {cell['finished_share']['generate']:.0%} → "
+        f"{cell['finished_share']['own']:.0%}"))
 
 
 def render(res: dict) -> str:
@@ -112,20 +101,7 @@ def render(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=common.DEMO_MODEL, help="model.path (default: the demo model)")
-    p.add_argument("--cells", default="4x8x48,2x8x128,8x4x256",
-                   help="comma-separated PROMPTSxSAMPLESxTOKENS cells")  # fmt: skip
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", default=None)
-    p.add_argument("--no-docs", action="store_true")
-    args = p.parse_args(argv)
-    common.set_threads(args.threads)
-    cells = [_cell(c) for c in args.cells.split(",") if c.strip()]
-    res = common.write_result_and_render("finished_rows", measure(args.model, cells, args.repeats), render,
-                                         out=args.out, docs=not args.no_docs)  # fmt: skip
-    return 0 if res else 1
+    return common.cells_main("finished_rows", __doc__, "4x8x48,2x8x128,8x4x256", measure, render, argv)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ METRIC_NAMES: dict[str, str] = {
     "staleness_mean": "rollout/staleness/mean",  # policy_version − rollout_version when trained on
     "staleness_max": "rollout/staleness/max",
     "rollout_weights_version": "rollout/weights_version",
+    # rollout.compile (workers/rollout/compiled.py): no verl name; cumulative over the engine's life (its pool)
+    "rollout_compile_time_s": "rollout/compile_s",  # first-call seconds of every decode-step shape compiled so far
+    "rollout_compiled_shapes": "rollout/compiled_shapes",
     "dropped_stale": "rollout/dropped_stale",  # trajectories older than the bound, dropped
     "regenerated_stale": "rollout/regenerated_stale",  # trajectories older than the bound, generated again
     "overlap_s": "async/overlap_s",  # seconds the rollout pool generated while the trainer's nodes ran

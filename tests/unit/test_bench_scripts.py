@@ -102,6 +102,19 @@ def test_finished_rows_smoke(tmp_path):
     assert "| 2 × 3 | 6 |" in finished_rows.render(res)
 
 
+def test_compiled_decode_smoke(tmp_path):
+    from bench import compiled_decode
+
+    out = tmp_path / "compiled_decode.json"
+    assert compiled_decode.main(["--model", "tiny", "--cells", "2x3x6", "--repeats", "1", "--out", str(out), "--no-docs"]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert len(cell["seconds"]["eager"]) == len(cell["seconds"]["compiled"]) == 1
+    assert cell["compiles"] >= 1 and cell["compile_seconds"] > 0 and cell["first_call_rows"] == 6
+    assert cell["greedy_identical_rows"] == [6, 6] and cell["greedy_max_log_prob_gap"] < 1e-5
+    assert cell["identical_rows"][1] == 6 and cell["max_log_prob_gap_identical_rows"] < 1e-4
+    assert "| 2 × 3 | 6 |" in compiled_decode.render(json.loads(out.read_text()))
+
+
 def test_lm_head_smoke(tmp_path):
     out = tmp_path / "lm_head.json"
     argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--repeats", "1", "--out", str(out), "--no-docs"]

@@ -101,3 +101,58 @@ def test_one_token_prompts_and_the_config_switch(model):
     cfg = load_config(None, ["rollout.drop_finished_rows=false"])
     engine = HFRolloutEngine.from_config(model=model, tokenizer=TOK, model_cfg=cfg.model, rollout_cfg=cfg.rollout)
     assert engine.drop_finished_rows is False
+
+
+# ---- rollout.compile: the decode step compiled on a static KV cache (workers/rollout/compiled.py) ----
+
+
+@pytest.fixture(scope="module")
+def compiled_engine(model):
+    return HFRolloutEngine(model, TOK, compile=True)  # one engine: its compiled shapes are reused by every test
+
+
+@pytest.mark.parametrize("temperature,n,texts", [(0.0, 2, TEXTS), (1.0, 4, TEXTS), (0.0, 1, ["q", "z"])])
+def test_compiled_step_matches_the_eager_loop(model, compiled_engine, temperature, n, texts):
+    ids, mask = prompts(texts)
+    sampling = SamplingParams(max_new_tokens=24, stop_token_ids=STOPS, n=n, seed=11, temperature=temperature)
+    eager_engine = HFRolloutEngine(model, TOK)
+    eager = eager_engine.generate(ids, mask, sampling)
+    got = compiled_engine.generate(ids, mask, sampling)
+    assert torch.equal(got.response_ids, eager.response_ids) and got.finish_reason == eager.finish_reason
+    assert torch.equal(got.response_mask, eager.response_mask)
+    assert torch.allclose(got.rollout_log_probs, eager.rollout_log_probs, atol=1e-5, rtol=0)
+    stats = compiled_engine.decode_stats
+    assert stats["useful_row_steps"] == eager_engine.decode_stats["useful_row_steps"] == int(got.response_mask.sum())
+    rows, steps = got.response_ids.shape
+    assert stats["useful_row_steps"] <= stats["row_steps"] <= rows * steps
+    if temperature > 0:  # rows stop at different steps: once half are done, the rest move to a smaller bucket
+        assert {"stop", "length"} <= set(got.finish_reason) and stats["row_steps"] < rows * steps
+
+
+def test_compiled_shapes_are_compiled_once_per_engine(compiled_engine):
+    ids, mask = prompts(TEXTS)
+    first = compiled_engine.generate(ids, mask, SamplingParams(max_new_tokens=24, stop_token_ids=STOPS, n=4, seed=11))
+    before = dict(compiled_engine.compile_stats)
+    assert before["compiles"] >= 1 and before["compile_seconds"] > 0
+    again = compiled_engine.generate(ids, mask, SamplingParams(max_new_tokens=24, stop_token_ids=STOPS, n=4, seed=11))
+    assert compiled_engine.compile_stats == before  # same shapes: nothing compiled again
+    assert torch.equal(first.response_ids, again.response_ids)
+
+
+def test_batch_and_length_buckets():
+    from workers.rollout.compiled import CompiledDecodeStep
+
+    assert [CompiledDecodeStep.batch_bucket(r, 32) for r in (32, 17, 16, 9, 5, 2, 1)] == [32, 32, 16, 16, 8, 2, 1]
+    assert [CompiledDecodeStep.batch_bucket(r, 12) for r in (12, 7, 6, 3)] == [12, 12, 8, 4]
+
+
+def test_compile_config_is_checked(model):
+    with pytest.raises(ValueError, match="drop_finished_rows"):
+        load_config(None, ["rollout.compile=true", "rollout.drop_finished_rows=false"])
+    with pytest.raises(ValueError, match="hf engine"):
+        load_config(None, ["rollout.compile=true", "rollout.engine=vllm"])
+    with pytest.raises(ValueError, match="drop_finished_rows"):
+        HFRolloutEngine(model, TOK, drop_finished_rows=False, compile=True)
+    cfg = load_config(None, ["rollout.compile=true"])
+    engine = HFRolloutEngine.from_config(model=model, tokenizer=TOK, model_cfg=cfg.model, rollout_cfg=cfg.rollout)
+    assert engine.compiled_step is not None and engine.compile_stats == {"compiles": 0, "compile_seconds": 0.0}

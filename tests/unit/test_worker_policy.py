@@ -42,6 +42,21 @@ def test_generate_shapes_fields_and_determinism(cfg):
     assert not torch.equal(other["response_ids"], out["response_ids"])
 
 
+def test_compiled_rollout_reports_its_compile_time_once_per_worker():
+    worker = PolicyWorker(tiny_cfg("rollout.compile=true"))
+    eager = PolicyWorker(tiny_cfg())
+    first = worker.generate_sequences(prompt_batch(worker.tokenizer), seed=3)
+    m = first.meta["metrics"]
+    assert m["rollout/compiled_shapes"] >= 1 and m["rollout/compile_s"] > 0
+    again = worker.generate_sequences(prompt_batch(worker.tokenizer), seed=3)
+    # compiled once: the same shapes cost nothing the second time; the cumulative figure stays
+    assert again.meta["metrics"]["rollout/compile_s"] == m["rollout/compile_s"]
+    ref = eager.generate_sequences(prompt_batch(eager.tokenizer), seed=3)
+    assert "rollout/compile_s" not in ref.meta["metrics"]
+    assert torch.equal(first["response_ids"], ref["response_ids"])
+    assert torch.allclose(first["rollout_log_probs"], ref["rollout_log_probs"], atol=1e-5, rtol=0)
+
+
 def test_rollout_log_probs_agree_with_recomputed(cfg):
     worker = PolicyWorker(cfg)
     batch = worker.compute_log_probs(worker.generate_sequences(prompt_batch(worker.tokenizer), seed=1))

@@ -23,12 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from hybridflow.algorithms.sequences import position_ids_from_mask
 from workers.shared_prefix import forward_kwargs, gather_rows
+
+if TYPE_CHECKING:
+    from workers.rollout.compiled import CompiledDecodeStep
 
 
 def top_k_top_p_filter(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -86,6 +90,7 @@ class DecodeResult:
 def decode(
     model: nn.Module, ids: Tensor, mask: Tensor, sampling, uniforms: Tensor | None, pad_token_id: int, *,
     prefix_cache: dict[str, object] | None = None, on_finished: Callable[[int], None] | None = None,
+    step: CompiledDecodeStep | None = None,
 ) -> DecodeResult:
     """Generate up to ``sampling.max_new_tokens`` tokens for each of N left-padded rows.
 
@@ -94,8 +99,17 @@ def decode(
     cache kwarg covering the first L-1 columns of all N rows (``workers.shared_prefix.
     shared_prompt_cache``); without it those columns are prefilled here. on_finished(k) is called
     with the number of rows finished so far whenever it grows. Raises ValueError when a row ends
-    in padding. Runs under ``torch.no_grad``; the caller sets eval mode.
+    in padding. Runs under ``torch.no_grad``; the caller sets eval mode. step: run each decode
+    step compiled on a static KV cache (:func:`workers.rollout.compiled.decode_static`,
+    ``rollout.compile``); ``model`` must then be ``step.model``.
     """
+    if step is not None:
+        if step.model is not model:
+            raise ValueError("decode: step was compiled for another model")
+        from workers.rollout.compiled import decode_static
+
+        return decode_static(step, ids, mask, sampling, uniforms, pad_token_id, prefix_cache=prefix_cache,
+                             on_finished=on_finished)  # fmt: skip
     if not bool(mask[:, -1].all()):
         raise ValueError("decode: every prompt row must end in a real token (left padding)")
     name, keep_last = forward_kwargs(model)

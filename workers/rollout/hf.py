@@ -38,6 +38,7 @@ from workers.rollout.base import (
     register_rollout_engine,
     right_pad,
 )
+from workers.rollout.compiled import CompiledDecodeStep
 from workers.rollout.decode import decode, pick_tokens, top_k_top_p_filter
 from workers.rollout.finished_rows import FinishedRows
 from workers.shared_prefix import forward_kwargs, shared_prompt_cache
@@ -120,23 +121,36 @@ class HFRolloutEngine:
     ``generate``, which computes every row until the longest finishes. The model is put in eval
     mode for generation and its previous mode restored. ``decode_stats`` holds the decode work of
     the last :meth:`generate` call: rows fed summed over steps (``row_steps``) and Σ response
-    lengths (``useful_row_steps``).
+    lengths (``useful_row_steps``). compile: run each decode step of that loop compiled on a
+    static KV cache (:mod:`workers.rollout.compiled`, ``rollout.compile``); requires
+    drop_finished_rows. The compiled graphs and caches live as long as the engine (once per pool);
+    ``compile_stats`` gives the shapes compiled so far and their first-call seconds.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64,
-                 drop_finished_rows: bool = True) -> None:  # fmt: skip
+                 drop_finished_rows: bool = True, compile: bool = False) -> None:  # fmt: skip
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; use hybridflow.models.prepare_tokenizer")
         self.model = model
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.generation_batch_trajectories = generation_batch_trajectories
         self.drop_finished_rows = drop_finished_rows
+        if compile and not drop_finished_rows:
+            raise ValueError("rollout.compile needs rollout.drop_finished_rows=true (it compiles the engine's own decode loop)")
+        self.compiled_step = CompiledDecodeStep(model) if compile else None
         self.decode_stats = {"row_steps": 0, "useful_row_steps": 0}
 
     @classmethod
     def from_config(cls, *, model: nn.Module, tokenizer: Any, model_cfg: Any, rollout_cfg: Any, device: Any = None):
         return cls(model, tokenizer, generation_batch_trajectories=rollout_cfg.generation_batch_trajectories,
-                   drop_finished_rows=rollout_cfg.drop_finished_rows)
+                   drop_finished_rows=rollout_cfg.drop_finished_rows, compile=rollout_cfg.compile)
+
+    @property
+    def compile_stats(self) -> dict[str, float]:
+        """{"compiles": shapes compiled, "compile_seconds": their first calls' wall seconds}
+        (zeros without ``compile``)."""
+        step = self.compiled_step
+        return {"compiles": step.compiles if step else 0, "compile_seconds": step.compile_seconds if step else 0.0}
 
     @property
     def device(self) -> torch.device:
@@ -195,7 +209,7 @@ class HFRolloutEngine:
                 on_finished = None if counter is None else (lambda k: counter.tick(counter.offset + k, counter.total))
                 res = decode(self.model, ids[inverse], mask[inverse], sampling,
                              None if uniforms is None else uniforms.to(self.device), self.pad_token_id,
-                             prefix_cache=extra, on_finished=on_finished)  # fmt: skip
+                             prefix_cache=extra, on_finished=on_finished, step=self.compiled_step)  # fmt: skip
             self._count_decode(res.row_steps, res.useful_row_steps)
             return finalize_responses(res.response_ids.cpu(), res.log_probs.cpu(), sampling.stop_token_ids,
                                       self.pad_token_id)  # fmt: skip
