@@ -90,7 +90,7 @@ def render(res: dict) -> str:
     table = common.markdown_table(
         ["prompts × samples", "max tokens", "response length mean (min–max)", "generate s", "own loop s",
          "generate ÷ own, median (min–max)", "row-steps generate / own", "row-steps on finished rows",
-         "rows with identical tokens", "max |Δ log-prob| there"], rows)
+         "rows with identical tokens", "max Δ log-prob there"], rows)
     return "\n\n".join([
         common.measured_under(res["environment"]) + f" Model `{res['model']}`, temperature 1, EOS stop, "
         f"{res['repeats']} alternating runs per side after a warm-up; seconds are medians. Both sides draw from "
