@@ -182,8 +182,8 @@ class RolloutConfig(_Section):
     compile: bool = Field(
         False, description="hf engine: each decode step torch.compile'd on a static KV cache "
         "(workers/rollout/compiled.py; CUDA graphs on a GPU), compiled once per pool per (batch bucket, length "
-        "bucket); needs drop_finished_rows. Greedy tokens equal the eager loop's. On a 2-core CPU it gains "
-        "1.0-1.2x after 60-90 s of compiling per shape (docs/benchmarks.md).",
+        "bucket); needs drop_finished_rows. Greedy tokens equal the eager loop's. Meant for a GPU: on a 2-core CPU "
+        "rollout was 0.67-0.96x of the eager loop's speed after ~1-4 min of compiling (docs/benchmarks.md).",
     )
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM KV-cache memory fraction.")
