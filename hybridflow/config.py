@@ -212,6 +212,9 @@ class RolloutConfig(_Section):
         if self.compile and not self.drop_finished_rows:
             raise ValueError("rollout.compile needs rollout.drop_finished_rows=true: it compiles the engine's own "
                              "decode loop, not transformers' generate")
+        if self.compile and self.is_multi_turn:
+            raise ValueError("rollout.compile applies to single-turn rollouts; multi-turn rollouts (rollout.tools / "
+                             "rollout.environment) decode with transformers' generate")
         return self
 
 

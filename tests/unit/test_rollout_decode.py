@@ -151,8 +151,25 @@ def test_compile_config_is_checked(model):
         load_config(None, ["rollout.compile=true", "rollout.drop_finished_rows=false"])
     with pytest.raises(ValueError, match="hf engine"):
         load_config(None, ["rollout.compile=true", "rollout.engine=vllm"])
+    with pytest.raises(ValueError, match="single-turn"):
+        load_config(None, ["rollout.compile=true", "rollout.tools=[calculator]"])
     with pytest.raises(ValueError, match="drop_finished_rows"):
         HFRolloutEngine(model, TOK, drop_finished_rows=False, compile=True)
     cfg = load_config(None, ["rollout.compile=true"])
     engine = HFRolloutEngine.from_config(model=model, tokenizer=TOK, model_cfg=cfg.model, rollout_cfg=cfg.rollout)
     assert engine.compiled_step is not None and engine.compile_stats == {"compiles": 0, "compile_seconds": 0.0}
+
+
+def test_a_model_cast_after_compiling_gets_caches_of_its_own():
+    model = build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=1).eval()
+    engine = HFRolloutEngine(model, TOK, compile=True)
+    ids, mask = prompts(["q", "z"])
+    sampling = SamplingParams(max_new_tokens=8, stop_token_ids=STOPS, n=1, seed=2, temperature=0.0)
+    engine.generate(ids, mask, sampling)
+    shapes = engine.compile_stats["compiles"]
+    model.double()  # same shapes, another dtype: a float32 cache must not be reused
+    got = engine.generate(ids, mask, sampling)
+    assert engine.compile_stats["compiles"] > shapes
+    want = HFRolloutEngine(model, TOK).generate(ids, mask, sampling)
+    assert torch.equal(got.response_ids, want.response_ids)
+    assert torch.allclose(got.rollout_log_probs, want.rollout_log_probs, atol=1e-9, rtol=0)

@@ -17,8 +17,13 @@ iteration of the engine's life (the engine lives in its Ray actor, so once per p
   need: on CUDA the step is compiled with ``mode="reduce-overhead"``; on CPU with inductor's
   default mode).
 
-``compile_seconds`` sums the wall time of each shape's first call (tracing + compiling + that
-step), ``compiles`` counts those shapes. Prior art: transformers' ``generate`` with
+``compiles`` counts the (batch, length, dtype, device) shapes this engine has met and
+``compile_seconds`` sums the wall time of each one's first call (tracing + compiling + that
+step). Dynamo's cache of compiled graphs is per process (keyed on the step's code), so a second
+engine in the same process that meets a shape already compiled counts it, but its first call is
+fast; inductor's on-disk cache also shortens compiles in later processes. The recompile limit
+(``torch._dynamo.config.recompile_limit``) is raised to 256 for the process; past it, new shapes
+run eagerly (correct, slower) with a logged warning. Prior art: transformers' ``generate`` with
 ``cache_implementation="static"`` and a compiled forward; gpt-fast (PyTorch labs).
 """
 
@@ -55,10 +60,10 @@ class CompiledDecodeStep:
         self.compile_seconds = 0.0
         self.compiles = 0
         self._shapes: set[tuple[int, int]] = set()
-        self._caches: dict[tuple[int, int], object] = {}
+        self._caches: dict[tuple, object] = {}
         self._compiled = None
         # every (bucket, length) pair is one compiled graph of the same function
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
 
     def _step(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor, cache) -> Tensor:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -71,7 +76,7 @@ class CompiledDecodeStep:
         if self._compiled is None:
             mode = "reduce-overhead" if input_ids.device.type == "cuda" else None
             self._compiled = torch.compile(self._step, dynamic=False, mode=mode)
-        key = (input_ids.shape[0], attention_mask.shape[1])
+        key = (input_ids.shape[0], attention_mask.shape[1], str(cache.layers[0].keys.dtype), str(input_ids.device))
         if key in self._shapes:
             return self._compiled(input_ids, position_ids, attention_mask, cache)
         start = time.perf_counter()
@@ -80,7 +85,11 @@ class CompiledDecodeStep:
         self._shapes.add(key)
         self.compiles += 1
         self.compile_seconds += seconds
-        log.info("rollout.compile: decode step compiled for %d rows × %d cache columns in %.1f s", *key, seconds)
+        log.info("rollout.compile: decode step compiled for %d rows × %d cache columns (%s, %s) in %.1f s", *key, seconds)
+        if self.compiles > torch._dynamo.config.recompile_limit:
+            log.warning("rollout.compile: %d decode-step shapes exceed torch._dynamo.config.recompile_limit=%d; "
+                        "further shapes run eagerly (raise the limit, or length_multiple)", self.compiles,
+                        torch._dynamo.config.recompile_limit)  # fmt: skip
         return out
 
     def length_bucket(self, columns: int) -> int:
@@ -99,18 +108,19 @@ class CompiledDecodeStep:
         device (None: taken from the model's config and parameters)."""
         from transformers import StaticCache
 
-        key = (bucket, length)
+        config = self.model.config.get_text_config(decoder=True)
+        param = next(self.model.parameters())
+        if like is not None:
+            heads, head_dim, dtype, device = like.shape[1], like.shape[3], like.dtype, like.device
+        else:
+            heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            dtype, device = param.dtype, param.device
+        # dtype and device in the key: a model cast or moved after compiling gets caches of its own
+        key = (bucket, length, heads, head_dim, dtype, str(device))
         cache = self._caches.get(key)
         if cache is None:
-            config = self.model.config.get_text_config(decoder=True)
             cache = StaticCache(config=config, max_cache_len=length)
-            param = next(self.model.parameters())
-            if like is not None:
-                heads, head_dim, dtype, device = like.shape[1], like.shape[3], like.dtype, like.device
-            else:
-                heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-                head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-                dtype, device = param.dtype, param.device
             cache.early_initialization(bucket, heads, head_dim, dtype, device)
             self._caches[key] = cache
         else:
