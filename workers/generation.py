@@ -92,9 +92,9 @@ class Generation:
         n = 0 if is_padding(batch) else len(rows)  # a padding stand-in counts for nothing
         rows.meta["metrics"] = self._generation_metrics(lengths[:n], out.finish_reason[:n], time.perf_counter() - start)
         rows.meta["metrics"].update(getattr(out, "metrics", {}))  # multi-turn: already without padding
-        stats = getattr(self.engine, "compile_stats", None)
-        if stats is not None and getattr(self.engine, "compiled_step", None) is not None:  # rollout.compile
-            worst = D.all_reduce_max(torch.tensor([stats["compile_seconds"], stats["compiles"]], dtype=torch.float64))
+        compiled = getattr(self.engine, "compiled_step", None)  # rollout.compile (hf engine)
+        if compiled is not None:
+            worst = D.all_reduce_max(torch.tensor([compiled.compile_seconds, compiled.compiles], dtype=torch.float64))
             rows.meta["metrics"][METRIC_NAMES["rollout_compile_time_s"]] = float(worst[0])
             rows.meta["metrics"][METRIC_NAMES["rollout_compiled_shapes"]] = float(worst[1])
         _log.info("rank %d %s %d trajectories in %.1f s: %d stopped, %d at the length limit, mean length %.1f",

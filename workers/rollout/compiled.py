@@ -59,7 +59,7 @@ class CompiledDecodeStep:
         self.length_multiple = length_multiple
         self.compile_seconds = 0.0
         self.compiles = 0
-        self._shapes: set[tuple[int, int]] = set()
+        self._shapes: set[tuple[int, int, str, str]] = set()  # (rows, columns, dtype, device)
         self._caches: dict[tuple, object] = {}
         self._compiled = None
         # every (bucket, length) pair is one compiled graph of the same function
@@ -147,30 +147,22 @@ def decode_static(
     step: CompiledDecodeStep, ids: Tensor, mask: Tensor, sampling, uniforms: Tensor | None, pad_token_id: int, *,
     prefix_cache: dict[str, object] | None = None, on_finished=None,
 ):
-    """:func:`workers.rollout.decode.decode` with each decode step run by ``step`` on a static
-    cache (same arguments, same :class:`~workers.rollout.decode.DecodeResult`). The prompt's
+    """:func:`workers.rollout.decode.decode` (which checks the left padding and calls this) with
+    each decode step run by ``step`` on a static cache (same arguments, same
+    :class:`~workers.rollout.decode.DecodeResult`). The prompt's
     first L-1 columns are prefilled eagerly (or taken from ``prefix_cache``) and copied into the
     static cache. Same sampling (:func:`~workers.rollout.decode.pick_tokens`) and positions, so
     greedy tokens equal the eager loop's and log-probs agree to float rounding."""
     from hybridflow.algorithms.sequences import position_ids_from_mask
-    from workers.rollout.decode import DecodeResult, _useful_row_steps, pick_tokens
+    from workers.rollout.decode import DecodeResult, _useful_row_steps, prefill, take_step
 
-    if not bool(mask[:, -1].all()):
-        raise ValueError("decode: every prompt row must end in a real token (left padding)")
-    model, name = step.model, step.cache_name
     n_rows, width = ids.shape
     new = sampling.max_new_tokens
     stops = torch.as_tensor(list(sampling.stop_token_ids), dtype=torch.int64, device=ids.device)
     positions = position_ids_from_mask(mask)
     with torch.no_grad():
-        if prefix_cache:
-            source = kv_layers(prefix_cache[name])
-        elif width > 1:
-            out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1].long(), position_ids=positions[:, :-1],
-                        use_cache=True, **step.keep_last)  # fmt: skip
-            source = kv_layers(getattr(out, name))
-        else:
-            source = None
+        prefix = prefill(step.model, ids, mask, positions, prefix_cache)
+        source = None if prefix is None else kv_layers(prefix)
         length = step.length_bucket(width - 1 + new)
         bucket = step.batch_bucket(n_rows, n_rows)
         slots = torch.cat([torch.arange(n_rows), torch.zeros(bucket - n_rows, dtype=torch.int64)]).to(ids.device)
@@ -189,11 +181,7 @@ def decode_static(
             logits = step(feed, pos, attn, cache)
             row_steps += bucket
             steps = t + 1
-            u = None if uniforms is None else uniforms[alive, t]
-            token, lp = pick_tokens(logits[live], sampling, u)
-            tokens[alive, t] = token
-            log_probs[alive, t] = lp.gather(1, token.unsqueeze(1)).squeeze(1)
-            done = torch.isin(token, stops) if len(stops) else torch.zeros_like(token, dtype=torch.bool)
+            token, done = take_step(logits[live], sampling, uniforms, alive, t, stops, tokens, log_probs)
             if t + 1 == new or bool(done.all()):
                 break
             feed[live, 0] = token

@@ -103,6 +103,8 @@ def decode(
     step compiled on a static KV cache (:func:`workers.rollout.compiled.decode_static`,
     ``rollout.compile``); ``model`` must then be ``step.model``.
     """
+    if not bool(mask[:, -1].all()):
+        raise ValueError("decode: every prompt row must end in a real token (left padding)")
     if step is not None:
         if step.model is not model:
             raise ValueError("decode: step was compiled for another model")
@@ -110,24 +112,15 @@ def decode(
 
         return decode_static(step, ids, mask, sampling, uniforms, pad_token_id, prefix_cache=prefix_cache,
                              on_finished=on_finished)  # fmt: skip
-    if not bool(mask[:, -1].all()):
-        raise ValueError("decode: every prompt row must end in a real token (left padding)")
     name, keep_last = forward_kwargs(model)
     if name is None:
         raise ValueError(f"decode: {type(model).__name__}.forward takes no KV cache argument")
-    n_rows, width = ids.shape
+    n_rows = ids.shape[0]
     stops = torch.as_tensor(list(sampling.stop_token_ids), dtype=torch.int64, device=ids.device)
     positions = position_ids_from_mask(mask)
     attn = mask.long()
     with torch.no_grad():
-        if prefix_cache:
-            cache = prefix_cache[name]
-        elif width > 1:
-            out = model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=positions[:, :-1],
-                        use_cache=True, **keep_last)
-            cache = getattr(out, name)
-        else:
-            cache = None
+        cache = prefill(model, ids, mask, positions, prefix_cache)
         feed, pos = ids[:, -1:], positions[:, -1:]
         alive = torch.arange(n_rows, device=ids.device)  # original row of each live row
         tokens = torch.full((n_rows, sampling.max_new_tokens), pad_token_id, dtype=torch.int64, device=ids.device)
@@ -142,12 +135,7 @@ def decode(
                                  "rollout.drop_finished_rows=false to decode with transformers' generate")
             row_steps += len(alive)
             steps = step + 1
-            scores = out.logits[:, -1].float()
-            u = None if uniforms is None else uniforms[alive, step]
-            token, lp = pick_tokens(scores, sampling, u)
-            tokens[alive, step] = token
-            log_probs[alive, step] = lp.gather(1, token.unsqueeze(1)).squeeze(1)
-            done = torch.isin(token, stops) if len(stops) else torch.zeros_like(token, dtype=torch.bool)
+            token, done = take_step(out.logits[:, -1].float(), sampling, uniforms, alive, step, stops, tokens, log_probs)
             if step + 1 == sampling.max_new_tokens or bool(done.all()):
                 break
             if bool(done.any()):
@@ -163,6 +151,34 @@ def decode(
     return DecodeResult(tokens, log_probs, row_steps, _useful_row_steps(tokens, stops))
 
 
+def prefill(model: nn.Module, ids: Tensor, mask: Tensor, positions: Tensor,
+            prefix_cache: dict[str, object] | None) -> object | None:
+    """The model's KV cache over the first L-1 columns of the N rows ``ids`` / ``mask`` [N, L]
+    (positions [N, L] from the mask): ``prefix_cache``'s when given, else one forward; None for
+    one-column prompts. Call under ``torch.no_grad``."""
+    name, keep_last = forward_kwargs(model)
+    if prefix_cache:
+        return prefix_cache[name]
+    if ids.shape[1] < 2:
+        return None
+    out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1].long(), position_ids=positions[:, :-1],
+                use_cache=True, **keep_last)  # fmt: skip
+    return getattr(out, name)
+
+
+def take_step(scores: Tensor, sampling, uniforms: Tensor | None, alive: Tensor, t: int, stops: Tensor,
+              tokens: Tensor, log_probs: Tensor) -> tuple[Tensor, Tensor]:
+    """Pick the live rows' tokens at step ``t`` from ``scores`` ([live, V] float32, the rows
+    ``alive`` index), write them and their log-probs into ``tokens`` / ``log_probs`` [N, T] in
+    place, and return (token [live] int64, done [live] bool: the token is a stop)."""
+    u = None if uniforms is None else uniforms[alive, t]
+    token, lp = pick_tokens(scores, sampling, u)
+    tokens[alive, t] = token
+    log_probs[alive, t] = lp.gather(1, token.unsqueeze(1)).squeeze(1)
+    done = torch.isin(token, stops) if len(stops) else torch.zeros_like(token, dtype=torch.bool)
+    return token, done
+
+
 def _useful_row_steps(tokens: Tensor, stops: Tensor) -> int:
     """Σ over rows of the response length (up to and including the first stop token)."""
     if tokens.shape[1] == 0:
@@ -172,4 +188,4 @@ def _useful_row_steps(tokens: Tensor, stops: Tensor) -> int:
     return int(first.sum())
 
 
-__all__ = ["DecodeResult", "decode", "pick_tokens", "top_k_top_p_filter"]
+__all__ = ["DecodeResult", "decode", "pick_tokens", "prefill", "take_step", "top_k_top_p_filter"]
