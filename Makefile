@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-cluster install lint clean
+.PHONY: demo test test-slow test-cluster install lint clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=...)"; exit 1; }
@@ -28,12 +28,18 @@ $(ARITH): | $(STAMP)
 demo: $(STAMP) $(ARITH)
 	$(BIN)/hybridflow train -c examples/grpo_arith.yaml
 
+# the suite that keeps under 30 minutes on a 2-core machine; the slow suites below run after it in CI (.ci/run)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=25 tests --ignore=tests/cluster
+	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=25 -m "not slow" tests --ignore=tests/cluster
+
+# slow: asynchronous training with killed workers and drivers resumed, reliability runs that kill real
+# processes, and the Prefect/MLflow servers a deployment runs on (tests marked `slow`, ~20 minutes).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=10 -m slow tests --ignore=tests/cluster
 
 # slow: a real multi-node Ray cluster (ray start processes on loopback) driven by `hybridflow train`,
 # Prefect's database on a PostgreSQL server the tests start (Debian's postgresql, installed if missing);
-# docs/deploy.md says what it shows. CI runs it after `make test` (.ci/run).
+# docs/deploy.md says what it shows. CI runs it after `make test` and `make test-slow` (.ci/run).
 test-cluster: $(STAMP)
 	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		{ apt-get update -q && apt-get install -y -q postgresql; } || \

@@ -16,7 +16,7 @@ from tests.integration.conftest import tiny_overrides
 from tests.integration.test_reliability_runs import VARIED_REWARD, assert_same_weights, executions
 from tests.train_process import kill_group, start_train
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ITERATIONS = 5
 ROLLOUT_POOL = {"placement.pools.gen.workers": "1", "placement.pools.gen.cpus_per_worker": "0.5",

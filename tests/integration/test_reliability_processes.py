@@ -28,7 +28,7 @@ from tests.train_process import start_train, train_env
 from workers import checkpoint as C
 from workers.checkpoint import checkpoint_name
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 FAILING_REWARD = '''

@@ -39,7 +39,7 @@ from tests.train_process import kill_group, start_train
 from workers import checkpoint as C
 from workers.checkpoint import checkpoint_name
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ITERATIONS = 4
 VARIED_REWARD = '''

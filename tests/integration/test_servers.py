@@ -36,7 +36,7 @@ from tests.train_process import stop_process_tree as _stop
 from tests.train_process import write_train_deployment
 from workers.checkpoint import checkpoint_name
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "hybridflow-test-process"
