@@ -289,6 +289,22 @@ class ActorConfig(_Section):
         "is not a plain Linear, logit softcapping or scaling, an architecture not known to be plain); "
         "'full' = the model's own full logits; 'auto' = 'chunked' where it can, else 'full'.",
     )
+    pack_rows: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="The layout of the trainer's forward passes (policy log-probs and update, reference "
+        "log-probs; workers/packed_rows.py): 'on' = the rows' real tokens packed without padding, first-fit "
+        "decreasing into rows as wide as the longest, positions restarting per row and attention kept within "
+        "each (verl use_remove_padding; transformers' packed position ids, sdpa/eager/flex/flash-attention); "
+        "an error at the first forward for a model that cannot take packed rows; 'off' = padded rows, with "
+        "each distinct prompt computed once where prompts repeat; 'auto' = packed where that computes fewer "
+        "token positions than the layout 'off' would run. YAML's on/off (booleans) are taken as 'on'/'off'.",
+    )
+
+    @field_validator("pack_rows", mode="before")
+    @classmethod
+    def _pack_rows_from_yaml_bool(cls, v: Any) -> Any:
+        # YAML 1.1 reads `pack_rows: off` as False and `on` as True
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
     old_log_probs: Literal["auto", "recompute", "rollout"] = Field(
         "auto",
         description="Where old_log_probs come from: 'recompute' = a trainer forward pass after rollout "

@@ -73,29 +73,39 @@ def resolve_lm_head(model: nn.Module, lm_head: LmHead) -> tuple[nn.Module, nn.Li
 
 def sequence_log_probs(
     model: nn.Module, batch: Batch, *, temperature: float, with_entropy: bool = False, entropy_grad: bool = False,
-    lm_head: LmHead = "full",
+    lm_head: LmHead = "full", pack_rows: str = "off",
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens under ``model`` on logits / temperature.
 
     batch: prompt_ids/prompt_mask [B, P] (left padded), response_ids/response_mask [B, R];
     position_ids [B, P+R] when present, else from the attention mask. Tensors are moved to
     the model's device. Returns ([B, R] float32 nats, [B, R] float32 entropy or None), on the
-    model's device; positions outside response_mask hold numbers the caller masks out.
+    model's device; positions outside response_mask hold numbers the caller masks out (0 on the
+    chunked head, which scores the response tokens only).
     entropy_grad: keep the entropy in the autograd graph (for an entropy bonus).
     lm_head: "full" = the model's [B, R, V] logits; "auto"/"chunked" = the chunked LM head
     (:func:`resolve_lm_head`), the same numbers up to float rounding without those logits.
+    pack_rows: "off" / "auto" / "on", rows packed without padding (:mod:`workers.packed_rows`,
+    see :func:`workers.shared_prefix.response_logits`); the same numbers up to float rounding.
     """
     parts = resolve_lm_head(model, lm_head)
     if parts is not None:
         body, head = parts
-        hidden = shared_prefix.response_hidden_states(model, body, batch)  # [B, R, H]
+        hidden = shared_prefix.response_hidden_states(model, body, batch, pack_rows=pack_rows)  # [B, R, H]
         labels = batch["response_ids"].to(hidden.device)
-        lp, ent = log_probs_from_hidden(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels.reshape(-1),
-                                        temperature=temperature, bias=head.bias, with_entropy=with_entropy)
-        if ent is not None:
-            ent = (ent if entropy_grad else ent.detach()).view(labels.shape)
-        return lp.view(labels.shape), ent
-    response_logits = shared_prefix.response_logits(model, batch)
+        # the head runs on the response tokens only: padding (up to half the positions when response
+        # lengths vary) and multi-turn observation tokens are not scored, and hold 0 here
+        sel = batch["response_mask"].to(hidden.device).reshape(-1).nonzero().squeeze(1)
+        lp_sel, ent_sel = log_probs_from_hidden(hidden.reshape(-1, hidden.shape[-1]).index_select(0, sel), head.weight,
+                                                labels.reshape(-1).index_select(0, sel), temperature=temperature,
+                                                bias=head.bias, with_entropy=with_entropy)
+        lp = lp_sel.new_zeros(labels.numel()).index_copy(0, sel, lp_sel).view(labels.shape)
+        ent = None
+        if ent_sel is not None:
+            ent = ent_sel.new_zeros(labels.numel()).index_copy(0, sel, ent_sel if entropy_grad else ent_sel.detach())
+            ent = ent.view(labels.shape)
+        return lp, ent
+    response_logits = shared_prefix.response_logits(model, batch, pack_rows=pack_rows)
     device = response_logits.device
     log_probs = log_probs_from_logits(response_logits, batch["response_ids"].to(device), temperature=temperature)
     entropy = None

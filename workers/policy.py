@@ -156,7 +156,7 @@ class PolicyWorker(Generation, WeightPublisher):
 
         def run(chunk: Batch) -> tuple[Tensor, Tensor]:
             lp, ent = sequence_log_probs(self.inference_module, chunk, temperature=temp, with_entropy=True,
-                                         lm_head=self.cfg.actor.lm_head)
+                                         lm_head=self.cfg.actor.lm_head, pack_rows=self.cfg.actor.pack_rows)
             return lp.float().cpu(), ent.float().cpu()
 
         parts = chunked_inference(self.inference_module, batch, self.cfg.actor.micro_batch_trajectories, run)
@@ -242,7 +242,7 @@ class PolicyWorker(Generation, WeightPublisher):
         bonus = a.entropy_coef != 0
         with_entropy = bonus or plan.rows.start == 0
         lp, ent = sequence_log_probs(model, mb, temperature=self.cfg.rollout.temperature, with_entropy=with_entropy,
-                                     entropy_grad=bonus, lm_head=a.lm_head)
+                                     entropy_grad=bonus, lm_head=a.lm_head, pack_rows=a.pack_rows)
         dev = lp.device
         mask = mb["response_mask"].to(dev)
         if self._gap is not None and self.optim.steps_applied == self._gap_before_step and not self._padding:

@@ -65,7 +65,8 @@ class ReferenceWorker:
         temp = self.cfg.rollout.temperature
 
         def run(chunk: Batch) -> torch.Tensor:
-            return sequence_log_probs(module, chunk, temperature=temp)[0].float().cpu()
+            return sequence_log_probs(module, chunk, temperature=temp,
+                                      pack_rows=self.cfg.actor.pack_rows)[0].float().cpu()
 
         with ctx:
             parts = chunked_inference(module, batch, self.cfg.reference.micro_batch_trajectories, run)

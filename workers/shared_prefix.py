@@ -138,30 +138,33 @@ def attention_mask(batch: Batch) -> Tensor:
     return torch.cat([batch["prompt_mask"], response], 1)
 
 
-def response_logits(model: nn.Module, batch: Batch) -> Tensor:
+def response_logits(model: nn.Module, batch: Batch, *, pack_rows: str = "off") -> Tensor:
     """[B, R, V] logits whose position t predicts ``response_ids[:, t]``, on the model's device.
 
     batch: prompt_ids/prompt_mask [B, P] (left padded), response_ids/response_mask [B, R],
     position_ids [B, P+R] when present (else from the attention mask). Shares each distinct
     prompt's forward pass across its rows when :func:`shares_prompts` allows and a prompt
     repeats; otherwise one forward over ``[prompt ‖ response]`` with the LM head on the response
-    positions only when the model takes ``logits_to_keep``.
+    positions only when the model takes ``logits_to_keep``. pack_rows: "off" = those two layouts;
+    "auto" = rows packed without padding (:mod:`workers.packed_rows`) when that computes fewer
+    token positions than the layout that would run; "on" = packed whenever the model and the
+    rows' positions allow (ValueError, naming why, for a model that cannot take packed rows).
     """
-    return _response_positions(model, model, batch, "logits")
+    return _response_positions(model, model, batch, "logits", pack_rows)
 
 
-def response_hidden_states(model: nn.Module, body: nn.Module, batch: Batch) -> Tensor:
+def response_hidden_states(model: nn.Module, body: nn.Module, batch: Batch, *, pack_rows: str = "off") -> Tensor:
     """[B, R, H] final hidden states (after the last norm) whose position t predicts
     ``response_ids[:, t]``: the LM head applied to them gives :func:`response_logits`.
 
     model: the causal LM (decides prompt sharing); body: its decoder without the head
     (``model.base_model``, e.g. ``LlamaModel``), which is what runs — the head never does.
-    Same batch fields, prompt sharing and devices as :func:`response_logits`.
+    Same batch fields, prompt sharing, packing and devices as :func:`response_logits`.
     """
-    return _response_positions(model, body, batch, "last_hidden_state")
+    return _response_positions(model, body, batch, "last_hidden_state", pack_rows)
 
 
-def _response_positions(model: nn.Module, run: nn.Module, batch: Batch, output: str) -> Tensor:
+def _response_positions(model: nn.Module, run: nn.Module, batch: Batch, output: str, pack_rows: str) -> Tensor:
     """``run``'s ``output`` ([B, R, ...]) at the positions that predict the response tokens."""
     device = next(model.parameters()).device
     p_len, r_len = batch["prompt_ids"].shape[1], batch["response_ids"].shape[1]
@@ -172,6 +175,10 @@ def _response_positions(model: nn.Module, run: nn.Module, batch: Batch, output: 
     if r_len > 0 and shares_prompts(model):
         prompt_pos = batch["position_ids"][:, :p_len] if "position_ids" in batch else None
         groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"], prompt_pos)
+    if r_len > 0 and pack_rows != "off":
+        packed = _packed(model, run, ids, attn, pos, p_len, r_len, output, groups, pack_rows)
+        if packed is not None:
+            return packed
     if groups is not None:
         first, inverse = (g.to(device) for g in groups)
         cache = shared_prompt_cache(run, ids[first, : p_len - 1], attn[first, : p_len - 1],
@@ -185,5 +192,26 @@ def _response_positions(model: nn.Module, run: nn.Module, batch: Batch, output: 
     values = getattr(run(input_ids=ids, attention_mask=attn.long(), position_ids=pos, use_cache=False, **kwargs), output)
     # with logits_to_keep the head ran on the last prompt position and the response positions only
     return values[:, -(r_len + 1) : -1] if kwargs else values[:, p_len - 1 : -1]
+
+def _packed(model: nn.Module, run: nn.Module, ids: Tensor, attn: Tensor, pos: Tensor, p_len: int, r_len: int,
+            output: str, groups: tuple[Tensor, Tensor] | None, pack_rows: str) -> Tensor | None:
+    """The packed layout's output, or None where the other layouts run (see :func:`response_logits`)."""
+    from workers import packed_rows
+
+    ok, why = packed_rows.pack_rows_of(model)
+    if not ok:
+        if pack_rows == "on":
+            raise ValueError(f"actor.pack_rows=on: cannot pack rows for this model ({why}); use auto or off")
+        return None
+    plan = packed_rows.plan_packing(ids, attn, pos)
+    if plan is None:
+        return None
+    if pack_rows == "auto":
+        cost = packed_rows.layout_tokens(attn, p_len, groups)
+        other = cost["shared_prompt"] if groups is not None and forward_kwargs(run)[0] else cost["padded"]
+        if plan.tokens >= other:
+            return None
+    return packed_rows.packed_response_positions(run, plan, p_len, r_len, output, bool(forward_kwargs(run)[1]))
+
 
 __all__ = ["attention_mask", "forward_kwargs", "gather_rows", "prompt_groups", "response_hidden_states", "response_logits", "shared_prompt_cache", "shares_prompts"]

@@ -125,3 +125,16 @@ def test_lm_head_smoke(tmp_path):
         run = res["runs"][side][0]
         assert run["tokens_per_s"] > 0 and run["peak_rss_mb"] >= run["rss_before_update_mb"] > 0
     assert "chunked" in lm_head.render(res)
+
+
+def test_pack_rows_smoke(tmp_path):
+    from bench import pack_rows
+
+    out = tmp_path / "pack_rows.json"
+    assert pack_rows.main(["--model", "tiny", "--cells", "2x3x6", "--repeats", "1", "--out", str(out), "--no-docs"]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert all(len(cell["seconds"][s]) == 1 for s in ("off", "on", "auto"))
+    pos = cell["positions"]
+    # packing computes at least the real tokens; auto never computes more than off
+    assert pos["on"] >= cell["real_tokens"] and pos["auto"] <= pos["off"]
+    assert "| 2 × 3 | 6 |" in pack_rows.render(json.loads(out.read_text()))
