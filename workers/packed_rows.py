@@ -105,12 +105,18 @@ def bin_rows(lengths: list[int]) -> tuple[int, list[int], list[int]]:
 def plan_packing(ids: Tensor, keep: Tensor, position_ids: Tensor) -> PackPlan | None:
     """The packing of rows ``ids`` [B, W] (real tokens where ``keep`` [B, W] bool), or None when
     the rows cannot be packed without changing what they compute: a row whose kept positions
-    are not 0, 1, 2, ... (``position_ids`` [B, W], e.g. positions a caller chose), or a row with
-    no real token."""
+    are not 0, 1, 2, ... (``position_ids`` [B, W], e.g. positions a caller chose), a row with
+    no real token, or a row whose real tokens are not contiguous (a right-padded prompt, a hole
+    in a response: the padded layout computes those pads' outputs, and a token after one is
+    predicted from it)."""
     keep = keep.bool()
     rank = keep.long().cumsum(1) - 1
     lengths = keep.sum(1)
     if len(lengths) == 0 or bool((lengths == 0).any()):
+        return None
+    first = keep.long().argmax(1)
+    last = keep.shape[1] - 1 - keep.flip(1).long().argmax(1)
+    if not bool((last - first + 1 == lengths).all()):
         return None
     if not bool((position_ids.to(rank.device)[keep] == rank[keep]).all()):
         return None
@@ -161,6 +167,15 @@ def packed_response_positions(run: nn.Module, plan: PackPlan, p_len: int, r_len:
     return result
 
 
+def head_rows(plan: PackPlan, p_len: int, r_len: int) -> int:
+    """Rows the LM head computes in :func:`packed_response_positions` on the full-logits path:
+    every bin, at each column some bin needs (``logits_to_keep`` is one set for all bins)."""
+    keep = plan.keep
+    pred = keep[:, p_len - 1 : p_len - 1 + r_len] & keep[:, p_len:]
+    col = plan.offset[:, None] + plan.rank[:, p_len - 1 : p_len - 1 + r_len]
+    return len(plan.ids) * int(torch.unique(col[pred]).numel())
+
+
 def layout_tokens(keep: Tensor, p_len: int, groups: tuple[Tensor, Tensor] | None) -> dict[str, int]:
     """Token positions each forward layout computes for rows with real tokens at ``keep`` [B, P+R]:
     ``padded`` B·(P+R); ``shared_prompt`` U·(P−1) + B·R (groups = (first row of each distinct
@@ -178,5 +193,5 @@ def layout_tokens(keep: Tensor, p_len: int, groups: tuple[Tensor, Tensor] | None
     return out
 
 
-__all__ = ["PACKABLE_ATTENTION", "PACKABLE_MODEL_TYPES", "PackPlan", "PackRows", "bin_rows", "layout_tokens",
+__all__ = ["PACKABLE_ATTENTION", "PACKABLE_MODEL_TYPES", "PackPlan", "PackRows", "bin_rows", "head_rows", "layout_tokens",
            "pack_rows_of", "packed_response_positions", "plan_packing"]

@@ -65,7 +65,7 @@ class ReferenceWorker:
         temp = self.cfg.rollout.temperature
 
         def run(chunk: Batch) -> torch.Tensor:
-            return sequence_log_probs(module, chunk, temperature=temp,
+            return sequence_log_probs(module, chunk, temperature=temp, lm_head=self.cfg.actor.lm_head,
                                       pack_rows=self.cfg.actor.pack_rows)[0].float().cpu()
 
         with ctx:

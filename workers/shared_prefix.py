@@ -206,12 +206,17 @@ def _packed(model: nn.Module, run: nn.Module, ids: Tensor, attn: Tensor, pos: Te
     plan = packed_rows.plan_packing(ids, attn, pos)
     if plan is None:
         return None
+    keep_logits = bool(forward_kwargs(run)[1])
     if pack_rows == "auto":
         cost = packed_rows.layout_tokens(attn, p_len, groups)
         other = cost["shared_prompt"] if groups is not None and forward_kwargs(run)[0] else cost["padded"]
         if plan.tokens >= other:
             return None
-    return packed_rows.packed_response_positions(run, plan, p_len, r_len, output, bool(forward_kwargs(run)[1]))
+        # the full-logits path: the head runs on every bin at each column some bin needs, which can
+        # be several times the padded layout's B × (R + 1) rows (and their [.., vocab] logits)
+        if output == "logits" and packed_rows.head_rows(plan, p_len, r_len) > len(ids) * (r_len + 1 if keep_logits else ids.shape[1]):
+            return None
+    return packed_rows.packed_response_positions(run, plan, p_len, r_len, output, keep_logits)
 
 
 __all__ = ["attention_mask", "forward_kwargs", "gather_rows", "prompt_groups", "response_hidden_states", "response_logits", "shared_prompt_cache", "shares_prompts"]

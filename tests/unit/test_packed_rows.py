@@ -170,3 +170,38 @@ def test_yaml_on_and_off_are_the_pack_rows_values():
     assert load_config(None, []).actor.pack_rows == "auto"
     with pytest.raises(ConfigError, match="actor.pack_rows"):
         load_config(None, ["actor.pack_rows=sometimes"])
+
+
+def test_rows_with_a_hole_or_a_right_padded_prompt_are_not_packed(model):
+    b = _batch(lengths=(8, 5, 3, 8))
+    rm = b["response_mask"].clone()
+    rm[0, 3] = False  # a hole inside a response, no observation_mask
+    holed = Batch.from_dict({**{k: b[k] for k in ("prompt_ids", "prompt_mask", "response_ids")}, "response_mask": rm})
+    enc = TOK(["abc", "hello", "xy", "a"], return_tensors="pt", padding=True, padding_side="right")
+    right = Batch.from_dict({"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask.bool(),
+                             "response_ids": b["response_ids"], "response_mask": b["response_mask"]})
+    for batch in (holed, right):
+        ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1)
+        attn = shared_prefix.attention_mask(batch)
+        assert plan_packing(ids, attn, position_ids_from_mask(attn)) is None
+        # so every layout computes what the padded one does, pads' outputs included
+        torch.testing.assert_close(response_logits(model, batch, pack_rows="on"), response_logits(model, batch))
+
+
+def test_auto_does_not_pack_where_the_full_head_would_compute_more_logits(model, monkeypatch):
+    # prompts of very different widths, short responses: the bins need most columns of the head
+    texts = ["a", "hello world, how are you today my friend", "xy", "a much longer prompt than the others here"]
+    b = _batch(lengths=(2, 3, 1, 2), texts=texts)
+    ids = torch.cat([b["prompt_ids"], b["response_ids"]], 1)
+    attn = shared_prefix.attention_mask(b)
+    plan = plan_packing(ids, attn, position_ids_from_mask(attn))
+    p_len, r_len = b["prompt_ids"].shape[1], b["response_ids"].shape[1]
+    assert plan is not None and plan.tokens < ids.numel()  # fewer body positions...
+    assert packed_rows.head_rows(plan, p_len, r_len) > len(ids) * (r_len + 1)  # ...but more head rows
+    calls = []
+    real = packed_rows.packed_response_positions
+    monkeypatch.setattr(packed_rows, "packed_response_positions", lambda *a, **k: calls.append(a[4]) or real(*a, **k))
+    sequence_log_probs(model, b, temperature=1.0, lm_head="full", pack_rows="auto")
+    assert calls == []  # the full head keeps the padded layout
+    sequence_log_probs(model, b, temperature=1.0, lm_head="chunked", pack_rows="auto")
+    assert calls == ["last_hidden_state"]  # the chunked head scores response tokens only: packing pays
