@@ -3,8 +3,8 @@
 ``python -m flows.reaper DRIVER_PID DRIVER_START_TIME`` is started by the CLI
 (:func:`flows.runtime.start_reaper`) before any server, in a session of its own, so neither a
 SIGKILL of the driver nor one of the driver's process group reaches it. While the driver lives,
-it records the driver's descendants every second by pid and start time: the Prefect server and
-its children, Ray's GCS, raylet, dashboard and runtime-env agents, log monitor, workers and pool
+it records the driver's descendants every second by pid and start time (:func:`start_time`): the
+Prefect server and its children, Ray's GCS, raylet, dashboard and runtime-env agents, log monitor, workers and pool
 actors, and what those start (reward processes). Once the driver is gone (woken at once through
 a pidfd), it sends SIGTERM to each recorded process that is still the same process (same start
 time, so a recycled pid is never hit) and to their children, SIGKILL to whatever is left after
@@ -32,11 +32,30 @@ POLL_S = 1.0
 GRACE_S = 5.0
 
 
+def start_time(proc: psutil.Process) -> float:
+    """When ``proc`` started, in a unit no clock change moves: on Linux its start in clock ticks
+    since boot (field 22 of /proc/PID/stat), else psutil's ``create_time()``.
+
+    psutil's ``create_time()`` is that tick count plus the boot time read again from /proc/stat
+    on every new ``Process``, and the kernel recomputes the boot time from the wall clock: when
+    NTP or a VM host adjusts the clock it moves by a second or more, so a live process compared
+    equal to its recorded create_time no more: the driver looked gone, and its reaper SIGTERMed
+    everything the still-running driver had started. (Seen, most likely from this, in CI: a
+    tools worker of a unit test died with exit code -15 mid-call, and nothing else here sends
+    SIGTERM.)"""
+    try:
+        with open(f"/proc/{proc.pid}/stat", "rb") as f:
+            data = f.read()
+        return float(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return proc.create_time()
+
+
 def _same(pid: int, start: float) -> psutil.Process | None:
-    """The process ``pid`` if it is still the one that started at ``start``."""
+    """The process ``pid`` if it is still the one that started at ``start`` (:func:`start_time`)."""
     try:
         proc = psutil.Process(pid)
-        return proc if proc.create_time() == start and proc.status() != psutil.STATUS_ZOMBIE else None
+        return proc if start_time(proc) == start and proc.status() != psutil.STATUS_ZOMBIE else None
     except psutil.Error:
         return None
 
@@ -48,7 +67,7 @@ def _record(roots: list[psutil.Process], known: dict[int, float]) -> None:
         try:
             for child in root.children(recursive=True):
                 if child.pid != me:
-                    known.setdefault(child.pid, child.create_time())
+                    known.setdefault(child.pid, start_time(child))
         except psutil.Error:
             continue
 

@@ -109,9 +109,11 @@ def start_reaper() -> subprocess.Popen:
     Prefect server, Ray and everything under them) is stopped once it exits, however it exits."""
     import psutil
 
+    from flows.reaper import start_time
+
     me = psutil.Process()
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.reaper", str(me.pid), repr(me.create_time())],
+        [sys.executable, "-m", "flows.reaper", str(me.pid), repr(start_time(me))],
         cwd=str(Path(__file__).resolve().parents[1]), start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
     )  # fmt: skip
