@@ -103,12 +103,17 @@ def watch(driver_pid: int, driver_start: float) -> None:
         pidfd: int | None = os.pidfd_open(driver_pid) if driver is not None else None
     except (AttributeError, OSError):
         pidfd = None
-    while driver is not None and _same(driver_pid, driver_start) is not None:
+    while driver is not None:
         _record([driver, *_alive(known)], known)
         if pidfd is not None:
-            select.select([pidfd], [], [], POLL_S)
+            # the pidfd is that very process: readable once it has exited, and only then (a failed
+            # /proc read or a moved clock cannot make a live driver look gone)
+            if select.select([pidfd], [], [], POLL_S)[0]:
+                break
         else:
             time.sleep(POLL_S)
+            if _same(driver_pid, driver_start) is None:
+                break
     reap(known)
 
 
