@@ -31,17 +31,6 @@ PACKABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"})
 
 
-def _inner(model: nn.Module) -> nn.Module:
-    for _ in range(4):  # unwrap DDP (.module) and PEFT (.get_base_model())
-        if isinstance(getattr(model, "module", None), nn.Module):
-            model = model.module
-        elif hasattr(model, "get_base_model"):
-            model = model.get_base_model()
-        else:
-            break
-    return model
-
-
 def pack_rows_of(model: nn.Module) -> tuple[bool, str]:
     """(whether ``model`` — plain, DDP/FSDP2- or PEFT-wrapped — can run packed rows, why not).
 
@@ -49,7 +38,9 @@ def pack_rows_of(model: nn.Module) -> tuple[bool, str]:
     ``config._attn_implementation`` is one of ``PACKABLE_ATTENTION``. One forward either way, so
     DDP and FSDP2 (which expect one forward per backward) are fine.
     """
-    config = getattr(_inner(model), "config", None)
+    from workers.shared_prefix import unwrapped
+
+    config = getattr(unwrapped(model), "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in PACKABLE_MODEL_TYPES:
         return False, f"model_type {model_type!r} is not one of {sorted(PACKABLE_MODEL_TYPES)}"

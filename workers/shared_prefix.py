@@ -32,15 +32,19 @@ def forward_kwargs(model: nn.Module) -> tuple[str | None, dict[str, int]]:
     transformers 5.2x, where ``past_key_values`` is deprecated, else ``past_key_values``, None
     when its forward takes neither —,
     ``{"logits_to_keep": 1}`` when its forward can skip the LM head on all but the last position)."""
-    inner = model
-    for _ in range(4):  # unwrap DDP (.module) and PEFT (.base_model.model)
-        if isinstance(getattr(inner, "module", None), nn.Module):
-            inner = inner.module
-        elif hasattr(inner, "get_base_model"):
-            inner = inner.get_base_model()
+    return _forward_kwargs_of(type(unwrapped(model)))
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The causal LM inside DDP (``.module``) and PEFT (``.get_base_model()``) wrappers."""
+    for _ in range(4):
+        if isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        elif hasattr(model, "get_base_model"):
+            model = model.get_base_model()
         else:
             break
-    return _forward_kwargs_of(type(inner))
+    return model
 
 
 @functools.cache
