@@ -117,7 +117,7 @@ class HybridflowRunner:
     def iteration(self, task_runner: str = "ray") -> dict[str, Any]:
         """Run the next iteration on ``task_runner`` ("ray" | "thread"). Returns {"wall_s",
         "t0", "t1" (epoch seconds), "metrics", "tokens"}: tokens = prompt + response tokens."""
-        from flows.iteration import iteration
+        from flows.iteration import call_iteration, iteration
         from flows.train import _check_update, _task_runner
         from tasks.common import load_node_output
 
@@ -126,7 +126,7 @@ class HybridflowRunner:
         flow = iteration.with_options(task_runner=_task_runner(cfg))
         prompts = self.state.next_prompts(self.it)
         t0 = time.time()
-        out = flow(run=self.base.with_iteration(self.it), inputs=self.state.flow_inputs(prompts))
+        out = call_iteration(flow, self.base.with_iteration(self.it), self.state.flow_inputs(prompts))
         t1 = time.time()
         _check_update(self.cfg, self.state.trainer, out, self.it)
         batch = load_node_output(out.results["rollout"])

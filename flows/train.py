@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
-from flows.iteration import IterationResult, build_dataflow
+from flows.iteration import IterationResult, build_dataflow, call_iteration
 from flows.observe import RunObserver
 from flows.rollout_ahead import RolloutsAhead
 from flows.run_pools import run_pools
@@ -102,9 +102,9 @@ def _merge(base: ExperimentConfig, overrides: list[str] | None) -> ExperimentCon
 
 def _task_runner(cfg: ExperimentConfig):
     if cfg.trainer.task_runner == "ray":
-        from prefect_ray import RayTaskRunner
+        from flows.task_runner import RayNodeTaskRunner
 
-        return RayTaskRunner(address=cfg.placement.ray_address)
+        return RayNodeTaskRunner(address=cfg.placement.ray_address)
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=8)
@@ -267,7 +267,7 @@ def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, r
     else:
         _key_by_iteration(iteration_key, it)  # a retried flow run files iteration k under iteration-k
         phase_start = time.time()
-        out = iteration_flow(run=run, inputs=state.flow_inputs(first))
+        out = call_iteration(iteration_flow, run, state.flow_inputs(first))
         out.metrics.update(extra)
         if ahead is not None:
             out.results["rollout"] = first
