@@ -30,12 +30,12 @@ demo: $(STAMP) $(ARITH)
 
 # the suite that keeps under 30 minutes on a 2-core machine; the slow suites below run after it in CI (.ci/run)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=25 -m "not slow" tests --ignore=tests/cluster
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=25 -m "not slow" tests --ignore=tests/cluster
 
 # slow: asynchronous training with killed workers and drivers resumed, reliability runs that kill real
 # processes, and the Prefect/MLflow servers a deployment runs on (tests marked `slow`, ~20 minutes).
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=10 -m slow tests --ignore=tests/cluster
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 -m slow tests --ignore=tests/cluster
 
 # slow: a real multi-node Ray cluster (ray start processes on loopback) driven by `hybridflow train`,
 # Prefect's database on a PostgreSQL server the tests start (Debian's postgresql, installed if missing);
@@ -44,7 +44,7 @@ test-cluster: $(STAMP)
 	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		{ apt-get update -q && apt-get install -y -q postgresql; } || \
 		{ echo "test-cluster needs PostgreSQL's server binaries (apt-get install -y postgresql)"; exit 1; }
-	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=10 tests/cluster
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 tests/cluster
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -98,7 +98,14 @@ class HybridflowRunner:
 
         self._owns_ray = not ray.is_initialized()  # a test session's Ray stays up after stop()
         self.server = ensure_prefect_api(d / "prefect")
+        self._client = ExitStack()  # closed by stop()
         try:
+            from prefect.context import SyncClientContext
+
+            # one Prefect client for all iterations, as in a training run, where each iteration is a
+            # subflow of the train flow run and takes that run's client (here each iteration flow
+            # would otherwise be a top-level run opening its own, ~40 ms)
+            self._client.enter_context(SyncClientContext())
             self.state = open_run(self.cfg, resume=None)
             if self.ray_system_config:
                 if not self._owns_ray:
@@ -140,6 +147,8 @@ class HybridflowRunner:
         try:
             if getattr(self, "_pools", None) is not None:
                 self._pools.close()  # run_pools' exit: destroy the pools (unless placement.keep_pools)
+            if getattr(self, "_client", None) is not None:
+                self._client.close()
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
         finally:

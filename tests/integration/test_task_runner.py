@@ -18,6 +18,7 @@ def _flow():
     def probe(x: int) -> dict:
         import os
 
+        from prefect.client.orchestration import get_client
         from prefect.context import SettingsContext
         from prefect.settings import get_current_settings
 
@@ -25,7 +26,8 @@ def _flow():
 
         s = get_current_settings()
         return {"x": x, "pid": os.getpid(), "retries": s.flows.default_retries, "api": s.api.url,
-                "settings_id": id(SettingsContext.get().settings), "cached": len(task_runner._SETTINGS)}
+                "settings_id": id(SettingsContext.get().settings), "cached": len(task_runner._SETTINGS),
+                "client_id": id(get_client(sync_client=True)), "clients": len(task_runner._CLIENTS)}
 
     @flow(task_runner=RayNodeTaskRunner(), persist_result=False)
     def chain() -> list[dict]:
@@ -55,8 +57,10 @@ def test_node_tasks_get_the_drivers_settings_and_their_changes(prefect_api):
     assert all(r["api"] == prefect_api for r in first + second)
     assert all(r["cached"] == 1 for r in first + second)  # one settings object kept per worker
     same_worker = [r for r in first if r["pid"] == first[0]["pid"]]
-    if len(same_worker) == 2:  # the same dict gives the same validated settings in one worker
+    assert all(r["clients"] == 1 for r in first + second)  # one client per API URL per worker
+    if len(same_worker) == 2:  # the same dict gives the same validated settings in one worker, one client
         assert same_worker[0]["settings_id"] == same_worker[1]["settings_id"]
+        assert same_worker[0]["client_id"] == same_worker[1]["client_id"]
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
     assert sorted(r.state.type.value for r in runs) == ["COMPLETED", "COMPLETED"]  # nested under the flow run
