@@ -239,6 +239,16 @@ def parse_cells(text: str) -> list[tuple[int, int, int]]:
     return [tuple(int(x) for x in c.lower().split("x")) for c in text.split(",") if c.strip()]  # type: ignore[misc]
 
 
+def same_rows(a: Any, b: Any) -> tuple[int, int, float]:
+    """Two RolloutOutputs of the same rows: (rows with identical tokens, rows, max |Δ log-prob| on
+    those rows); (0, rows, 0.0) when the response widths differ."""
+    rows = (a.response_ids == b.response_ids).all(-1) if a.response_ids.shape == b.response_ids.shape else None
+    if rows is None:
+        return 0, len(a.response_ids), 0.0
+    gap = float((a.rollout_log_probs - b.rollout_log_probs).abs()[rows].max()) if rows.any() else 0.0
+    return int(rows.sum()), len(rows), gap
+
+
 def measure_cells(model_path: str, cells: Sequence[tuple[int, int, int]], repeats: int,
                   run_cell: Callable[..., dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
     """Load ``model_path`` once and run ``run_cell(model, tok, p, s, t, repeats)`` per cell,

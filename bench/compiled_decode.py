@@ -26,15 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 
 
-def _same(a, b) -> tuple[int, int, float]:
-    """(rows with identical tokens, rows, max |Δ log-prob| on those rows)."""
-    rows = (a.response_ids == b.response_ids).all(-1) if a.response_ids.shape == b.response_ids.shape else None
-    if rows is None:
-        return 0, len(a.response_ids), 0.0
-    gap = float((a.rollout_log_probs - b.rollout_log_probs).abs()[rows].max()) if rows.any() else 0.0
-    return int(rows.sum()), len(rows), gap
-
-
 def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) -> dict:
     from workers.rollout.base import SamplingParams
     from workers.rollout.hf import HFRolloutEngine
@@ -69,8 +60,8 @@ def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) 
         return call
 
     got = common.alternate({"eager": side("eager"), "compiled": side("compiled")}, repeats, warmup=False)
-    same = [_same(a, b) for a, b in zip(outputs["eager"], outputs["compiled"], strict=True)]
-    g_same, g_rows, g_gap = _same(greedy["eager"], greedy["compiled"])
+    same = [common.same_rows(a, b) for a, b in zip(outputs["eager"], outputs["compiled"], strict=True)]
+    g_same, g_rows, g_gap = common.same_rows(greedy["eager"], greedy["compiled"])
     return {"prompts": prompts, "samples": samples, "max_tokens": tokens, "prompt_len": int(ids.shape[1]),
             "seconds": got, "eager": common.stats(got["eager"]), "compiled": common.stats(got["compiled"]),
             "speedup": common.stats([e / c for e, c in zip(got["eager"], got["compiled"], strict=True)]),

@@ -185,6 +185,11 @@ class RolloutConfig(_Section):
         "bucket); needs drop_finished_rows. Greedy tokens equal the eager loop's. Meant for a GPU: on a 2-core CPU "
         "rollout was 0.67-0.96x of the eager loop's speed after ~1-4 min of compiling (docs/benchmarks.md).",
     )
+    packed_weights: bool = Field(
+        True, description="hf engine on a CPU: generate on oneDNN-packed float32 linear weights, packed once per "
+        "generate call (workers/rollout/packed_weights.py); 1.3-1.4x faster decode steps at 8-16 rows on a "
+        "2-core CPU (docs/benchmarks.md). Log-probs equal to float rounding. Ignored on a GPU and with compile.",
+    )
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM KV-cache memory fraction.")
     val_temperature: float = Field(0.0, ge=0, description="Validation temperature; 0 = greedy.")

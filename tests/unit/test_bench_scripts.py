@@ -115,6 +115,19 @@ def test_compiled_decode_smoke(tmp_path):
     assert "| 2 × 3 | 6 |" in compiled_decode.render(json.loads(out.read_text()))
 
 
+def test_packed_weights_smoke(tmp_path):
+    from bench import packed_weights
+
+    out = tmp_path / "packed_weights.json"
+    assert packed_weights.main(["--model", "tiny", "--cells", "2x3x6", "--repeats", "2", "--out", str(out), "--no-docs"]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert len(cell["seconds"]["unpacked"]) == len(cell["seconds"]["packed"]) == 2
+    assert cell["packed_linears"] > 0  # the tiny Llama's projections and LM head
+    assert cell["greedy_identical_rows"] == [6, 6] and cell["greedy_max_log_prob_gap"] < 1e-4
+    assert cell["identical_rows"][1] == 2 * 6 and cell["max_log_prob_gap_identical_rows"] < 1e-4
+    assert "| 2 × 3 | 6 |" in packed_weights.render(json.loads(out.read_text()))
+
+
 def test_lm_head_smoke(tmp_path):
     out = tmp_path / "lm_head.json"
     argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--repeats", "1", "--out", str(out), "--no-docs"]

@@ -41,6 +41,7 @@ from workers.rollout.base import (
 from workers.rollout.compiled import CompiledDecodeStep
 from workers.rollout.decode import decode, pick_tokens, top_k_top_p_filter
 from workers.rollout.finished_rows import FinishedRows
+from workers.rollout.packed_weights import packed_linears
 from workers.shared_prefix import forward_kwargs, shared_prompt_cache
 
 
@@ -125,10 +126,14 @@ class HFRolloutEngine:
     static KV cache (:mod:`workers.rollout.compiled`, ``rollout.compile``); requires
     drop_finished_rows. The compiled graphs and caches live as long as the engine (once per pool);
     ``compile_stats`` gives the shapes compiled so far and their first-call seconds.
+    packed_weights: on a CPU, decode on oneDNN-packed float32 linear weights, packed once per
+    call (:mod:`workers.rollout.packed_weights`, ``rollout.packed_weights``); not with compile.
+    ``packed_linears`` is the number of linears the last call packed.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64,
-                 drop_finished_rows: bool = True, compile: bool = False) -> None:  # fmt: skip
+                 drop_finished_rows: bool = True, compile: bool = False,
+                 packed_weights: bool = True) -> None:  # fmt: skip
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; use hybridflow.models.prepare_tokenizer")
         self.model = model
@@ -138,12 +143,15 @@ class HFRolloutEngine:
         if compile and not drop_finished_rows:
             raise ValueError("rollout.compile needs rollout.drop_finished_rows=true (it compiles the engine's own decode loop)")
         self.compiled_step = CompiledDecodeStep(model) if compile else None
+        self.packed_weights = packed_weights and not compile
+        self.packed_linears = 0
         self.decode_stats = {"row_steps": 0, "useful_row_steps": 0}
 
     @classmethod
     def from_config(cls, *, model: nn.Module, tokenizer: Any, model_cfg: Any, rollout_cfg: Any, device: Any = None):
         return cls(model, tokenizer, generation_batch_trajectories=rollout_cfg.generation_batch_trajectories,
-                   drop_finished_rows=rollout_cfg.drop_finished_rows, compile=rollout_cfg.compile)
+                   drop_finished_rows=rollout_cfg.drop_finished_rows, compile=rollout_cfg.compile,
+                   packed_weights=rollout_cfg.packed_weights)
 
     @property
     def compile_stats(self) -> dict[str, float]:
@@ -175,13 +183,14 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, rows, self.generation_batch_trajectories):
-                chunk = row_prompt[start : start + self.generation_batch_trajectories]
-                chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
-                counter = None if progress is None else FinishedRows(sampling.stop_token_ids, progress, start, rows)
-                outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u, counter))
-                if progress is not None:
-                    progress(start + len(chunk), rows)
+            with self._packed(rows):
+                for start in range(0, rows, self.generation_batch_trajectories):
+                    chunk = row_prompt[start : start + self.generation_batch_trajectories]
+                    chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
+                    counter = None if progress is None else FinishedRows(sampling.stop_token_ids, progress, start, rows)
+                    outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u, counter))
+                    if progress is not None:
+                        progress(start + len(chunk), rows)
         finally:
             self.model.train(was_training)
         return RolloutOutput(
@@ -238,6 +247,17 @@ class HFRolloutEngine:
         self._count_decode(response.shape[0] * response.shape[1], int(out.response_mask.sum()))
         return out
 
+    @contextmanager
+    def _packed(self, rows: int) -> Iterator[None]:
+        """The model's linears on packed weights for this call (``packed_weights``); sets
+        ``packed_linears`` to the number packed."""
+        if not self.packed_weights:
+            yield
+            return
+        with packed_linears(self.model, min(rows, self.generation_batch_trajectories)) as count:
+            self.packed_linears = count
+            yield
+
     def _count_decode(self, row_steps: int, useful: int) -> None:
         self.decode_stats["row_steps"] += row_steps
         self.decode_stats["useful_row_steps"] += useful
@@ -266,12 +286,13 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(seqs), self.generation_batch_trajectories):
-                end = start + self.generation_batch_trajectories
-                out, kv = self._continue_chunk(seqs[start:end], caches[start:end], sampling,
-                                               None if uniforms is None else uniforms[start:end])  # fmt: skip
-                outputs.append(out)
-                new_caches += kv
+            with self._packed(len(seqs)):
+                for start in range(0, len(seqs), self.generation_batch_trajectories):
+                    end = start + self.generation_batch_trajectories
+                    out, kv = self._continue_chunk(seqs[start:end], caches[start:end], sampling,
+                                                   None if uniforms is None else uniforms[start:end])  # fmt: skip
+                    outputs.append(out)
+                    new_caches += kv
         finally:
             self.model.train(was_training)
         joined = RolloutOutput(

@@ -1,0 +1,101 @@
+"""Decoding on oneDNN-packed weights (``rollout.packed_weights``) against plain ``F.linear``.
+
+    hybridflow bench packed_weights [--cells 4x8x48,2x8x128,8x4x256] [--repeats 3] [--model PATH]
+
+A cell PxSxT is P chat-templated arithmetic prompts (the demo's task) × S samples at
+temperature 1, up to T new tokens, EOS stop, one decode chunk of P·S rows — as in
+``bench finished_rows``. Both sides are the hf engine's own loop on the same model object and
+seeds; one packs every linear weight once per generate call (``workers/rollout/packed_weights.py``,
+the packing included in its time), the other runs ``F.linear``. Timed runs alternate
+(unpacked, packed, packed, unpacked, ...) after a warm-up. A greedy run per cell counts the rows
+whose tokens are identical on both sides; for the sampled runs, the share of identical rows and
+the largest log-prob gap on them (float rounding moves a sampled token only where its uniform
+falls at a CDF boundary).
+Writes bench/results/packed_weights.json and the ``packed_weights`` table of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+SIDES = ("unpacked", "packed")
+
+
+def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) -> dict:
+    from workers.rollout.base import SamplingParams
+    from workers.rollout.hf import HFRolloutEngine
+
+    ids, mask = common.prompt_batch(tok, prompts)
+    rows = prompts * samples
+    engines = {side: HFRolloutEngine(model, tok, generation_batch_trajectories=rows, packed_weights=side == "packed")
+               for side in SIDES}  # fmt: skip
+    stop = (int(tok.eos_token_id),)
+
+    def sampling(seed: int, greedy: bool = False) -> SamplingParams:
+        return SamplingParams(max_new_tokens=tokens, temperature=0.0 if greedy else 1.0, n=samples, seed=seed,
+                              stop_token_ids=stop)  # fmt: skip
+
+    greedy = {k: e.generate(ids, mask, sampling(0, greedy=True)) for k, e in engines.items()}
+    seed = dict.fromkeys(SIDES, 0)
+    outputs: dict[str, list] = {side: [] for side in SIDES}
+
+    def side(name: str):
+        def call():
+            seed[name] += 1
+            outputs[name].append(engines[name].generate(ids, mask, sampling(seed[name])))
+
+        return call
+
+    got = common.alternate({name: side(name) for name in SIDES}, repeats)
+    timed = {k: v[-repeats:] for k, v in outputs.items()}  # the warm-up's outputs come first
+    same = [common.same_rows(a, b) for a, b in zip(timed["unpacked"], timed["packed"], strict=True)]
+    g_same, g_rows, g_gap = common.same_rows(greedy["unpacked"], greedy["packed"])
+    tokens_out = {k: sum(int(o.response_mask.sum()) for o in v) for k, v in timed.items()}
+    return {"prompts": prompts, "samples": samples, "max_tokens": tokens, "prompt_len": int(ids.shape[1]),
+            "seconds": got, "unpacked": common.stats(got["unpacked"]), "packed": common.stats(got["packed"]),
+            "speedup": common.stats([u / p for u, p in zip(got["unpacked"], got["packed"], strict=True)]),
+            "response_tokens": tokens_out, "packed_linears": engines["packed"].packed_linears,
+            "greedy_identical_rows": [g_same, g_rows], "greedy_max_log_prob_gap": g_gap,
+            "identical_rows": [sum(s[0] for s in same), sum(s[1] for s in same)],
+            "max_log_prob_gap_identical_rows": max((s[2] for s in same), default=0.0)}
+
+
+def measure(model_path: str, cells: list[tuple[int, int, int]], repeats: int) -> dict:
+    return common.measure_cells(model_path, cells, repeats, run_cell, lambda cell: (
+        f"unpacked {cell['unpacked']['median']:.2f} s, packed {cell['packed']['median']:.2f} s, "
+        f"×{cell['speedup']['median']:.2f} ({cell['speedup']['min']:.2f}–{cell['speedup']['max']:.2f}); "
+        f"greedy identical {cell['greedy_identical_rows']}"))
+
+
+def render(res: dict) -> str:
+    rows = []
+    for c in res["cells"]:
+        rows.append((f"{c['prompts']} × {c['samples']}", c["max_tokens"], f"{c['unpacked']['median']:.2f}",
+                     f"{c['packed']['median']:.2f}",
+                     f"{c['speedup']['median']:.2f} ({c['speedup']['min']:.2f}–{c['speedup']['max']:.2f})",
+                     f"{c['response_tokens']['unpacked']} / {c['response_tokens']['packed']}",
+                     f"{c['greedy_identical_rows'][0]} / {c['greedy_identical_rows'][1]} ({c['greedy_max_log_prob_gap']:.1e})",
+                     f"{c['identical_rows'][0]} / {c['identical_rows'][1]} ({c['max_log_prob_gap_identical_rows']:.1e})"))
+    table = common.markdown_table(
+        ["prompts × samples", "max tokens", "unpacked s", "packed s", "unpacked ÷ packed, median (min–max)",
+         "response tokens unpacked / packed", "greedy identical rows (max Δ log-prob)",
+         "sampled identical rows (max Δ log-prob)"], rows)
+    return "\n\n".join([
+        common.measured_under(res["environment"]) + f" Model `{res['model']}`, temperature 1, EOS stop, "
+        f"{res['repeats']} alternating runs per side after a warm-up; seconds are medians, the packing (once per "
+        "generate call) included.",
+        table,
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    return common.cells_main("packed_weights", __doc__, "4x8x48,2x8x128,8x4x256", measure, render, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
