@@ -104,3 +104,36 @@ def test_config_reaches_the_engine_and_compile_turns_packing_off():
     assert engine.packed_weights is False
     assert load_config().rollout.packed_weights is True
     assert HFRolloutEngine(model, TOK, compile=True).packed_weights is False
+
+
+def test_a_non_contiguous_bias_gives_the_same_output():
+    """oneDNN reads the bias as dense: a strided bias is passed as a contiguous copy."""
+    layer = nn.Linear(16, 8)
+    layer.bias = nn.Parameter(torch.randn(16)[::2])
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        ref = layer(x)
+        with packed_linears(layer, 4) as count:
+            got = layer(x)
+    assert count == 1
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_calls_that_need_a_gradient_or_run_under_autocast_take_f_linear():
+    layer = nn.Linear(6, 5)
+    x = torch.randn(3, 6, requires_grad=True)
+    with packed_linears(layer, 3) as count:
+        assert count == 1
+        layer(x).sum().backward()  # grad mode on, weights require grad: nn.Linear's own path
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert layer(x).dtype == torch.bfloat16  # autocast as nn.Linear applies it
+    assert x.grad is not None and layer.weight.grad is not None and layer.bias.grad is not None
+    torch.testing.assert_close(layer.weight.grad, torch.ones(5, 1) * x.detach().sum(0))
+
+
+def test_empty_linears_are_not_packed():
+    model = nn.Sequential(nn.Linear(0, 4), nn.Linear(4, 4), nn.Linear(4, 0))
+    with packed_linears(model, 2) as count:
+        assert count == 1 and "forward" in model[1].__dict__
+        with torch.no_grad():
+            assert model(torch.zeros(2, 0)).shape == (2, 0)
