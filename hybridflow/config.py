@@ -471,6 +471,12 @@ class PoolConfig(_Section):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="Ray placement-group strategy."
     )
+    keep_freed_memory: bool = Field(
+        True, description="Start each actor with glibc malloc settings that keep freed memory instead of unmapping "
+        "large blocks and page-faulting them back in (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_; "
+        "workers/allocator.py): the policy update at 2x8<=128 took a median 16.6 s instead of 26.5 s on a 2-core "
+        "CPU. Each actor keeps its peak heap resident. Ignored by C libraries other than glibc.",
+    )
 
     # ---- resources Ray accepts (issue 19) ----
     @model_validator(mode="after")

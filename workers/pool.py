@@ -30,6 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.config import ExperimentConfig, PoolConfig, config_from_dict
 from workers import worker_logs
+from workers.allocator import worker_env
 from workers.dispatch import get_dispatch, protocol_of
 from workers.handles import ROLE_CLASSES, RoleHandle, call_ranks, role_class  # noqa: F401 (re-exported)
 from workers.placement import PoolResourceError, bundle_of, check_pool_fits_cluster, describe, node_id
@@ -298,7 +299,7 @@ def _spawn_ranks(cfg: ExperimentConfig, name: str, namespace: str, pg: Any, ckpt
             # a rollout rank takes the next weights (receive_weights) while it generates
             max_concurrency=2 if "rollout" in pool_cfg.roles else 1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+            runtime_env={"env_vars": worker_env(pool_cfg, threads)},
         ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads, namespace)
         for rank in range(pool_cfg.workers)
     ]
