@@ -249,6 +249,18 @@ def same_rows(a: Any, b: Any) -> tuple[int, int, float]:
     return int(rows.sum()), len(rows), gap
 
 
+def identical_outputs(greedy: tuple[Any, Any], sampled_a: Sequence[Any], sampled_b: Sequence[Any]) -> dict[str, Any]:
+    """How alike two rollout paths came out: ``greedy`` one RolloutOutput per path, ``sampled_a`` /
+    ``sampled_b`` the paths' sampled outputs run by run (same seeds). Returns the
+    ``greedy_identical_rows`` [same, rows], ``greedy_max_log_prob_gap``, ``identical_rows``
+    [same, rows] and ``max_log_prob_gap_identical_rows`` entries of a cell (:func:`same_rows`)."""
+    g_same, g_rows, g_gap = same_rows(*greedy)
+    same = [same_rows(a, b) for a, b in zip(sampled_a, sampled_b, strict=True)]
+    return {"greedy_identical_rows": [g_same, g_rows], "greedy_max_log_prob_gap": g_gap,
+            "identical_rows": [sum(s[0] for s in same), sum(s[1] for s in same)],
+            "max_log_prob_gap_identical_rows": max((s[2] for s in same), default=0.0)}
+
+
 def measure_cells(model_path: str, cells: Sequence[tuple[int, int, int]], repeats: int,
                   run_cell: Callable[..., dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
     """Load ``model_path`` once and run ``run_cell(model, tok, p, s, t, repeats)`` per cell,

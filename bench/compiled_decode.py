@@ -60,17 +60,13 @@ def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) 
         return call
 
     got = common.alternate({"eager": side("eager"), "compiled": side("compiled")}, repeats, warmup=False)
-    same = [common.same_rows(a, b) for a, b in zip(outputs["eager"], outputs["compiled"], strict=True)]
-    g_same, g_rows, g_gap = common.same_rows(greedy["eager"], greedy["compiled"])
     return {"prompts": prompts, "samples": samples, "max_tokens": tokens, "prompt_len": int(ids.shape[1]),
             "seconds": got, "eager": common.stats(got["eager"]), "compiled": common.stats(got["compiled"]),
             "speedup": common.stats([e / c for e, c in zip(got["eager"], got["compiled"], strict=True)]),
             "first_call_seconds": first_call, "first_call_rows": len(first.response_ids),
             "compiles": compile_stats["compiles"], "compile_seconds": compile_stats["compile_seconds"],
             "compiles_after_timed_runs": engines["compiled"].compile_stats["compiles"], "work": work,
-            "greedy_identical_rows": [g_same, g_rows], "greedy_max_log_prob_gap": g_gap,
-            "identical_rows": [sum(s[0] for s in same), sum(s[1] for s in same)],
-            "max_log_prob_gap_identical_rows": max((s[2] for s in same), default=0.0)}
+            **common.identical_outputs((greedy["eager"], greedy["compiled"]), outputs["eager"], outputs["compiled"])}
 
 
 def measure(model_path: str, cells: list[tuple[int, int, int]], repeats: int) -> dict:

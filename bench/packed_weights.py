@@ -53,16 +53,12 @@ def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) 
 
     got = common.alternate({name: side(name) for name in SIDES}, repeats)
     timed = {k: v[-repeats:] for k, v in outputs.items()}  # the warm-up's outputs come first
-    same = [common.same_rows(a, b) for a, b in zip(timed["unpacked"], timed["packed"], strict=True)]
-    g_same, g_rows, g_gap = common.same_rows(greedy["unpacked"], greedy["packed"])
     tokens_out = {k: sum(int(o.response_mask.sum()) for o in v) for k, v in timed.items()}
     return {"prompts": prompts, "samples": samples, "max_tokens": tokens, "prompt_len": int(ids.shape[1]),
             "seconds": got, "unpacked": common.stats(got["unpacked"]), "packed": common.stats(got["packed"]),
             "speedup": common.stats([u / p for u, p in zip(got["unpacked"], got["packed"], strict=True)]),
             "response_tokens": tokens_out, "packed_linears": engines["packed"].packed_linears,
-            "greedy_identical_rows": [g_same, g_rows], "greedy_max_log_prob_gap": g_gap,
-            "identical_rows": [sum(s[0] for s in same), sum(s[1] for s in same)],
-            "max_log_prob_gap_identical_rows": max((s[2] for s in same), default=0.0)}
+            **common.identical_outputs((greedy["unpacked"], greedy["packed"]), timed["unpacked"], timed["packed"])}
 
 
 def measure(model_path: str, cells: list[tuple[int, int, int]], repeats: int) -> dict:

@@ -180,19 +180,14 @@ class HFRolloutEngine:
             uniforms = torch.rand(rows, sampling.max_new_tokens, generator=gen)
         outputs = []
         self.decode_stats = {"row_steps": 0, "useful_row_steps": 0}
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._packed(rows):
-                for start in range(0, rows, self.generation_batch_trajectories):
-                    chunk = row_prompt[start : start + self.generation_batch_trajectories]
-                    chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
-                    counter = None if progress is None else FinishedRows(sampling.stop_token_ids, progress, start, rows)
-                    outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u, counter))
-                    if progress is not None:
-                        progress(start + len(chunk), rows)
-        finally:
-            self.model.train(was_training)
+        with self._generating(rows):
+            for start in range(0, rows, self.generation_batch_trajectories):
+                chunk = row_prompt[start : start + self.generation_batch_trajectories]
+                chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
+                counter = None if progress is None else FinishedRows(sampling.stop_token_ids, progress, start, rows)
+                outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u, counter))
+                if progress is not None:
+                    progress(start + len(chunk), rows)
         return RolloutOutput(
             right_pad([o.response_ids for o in outputs], self.pad_token_id),
             right_pad([o.response_mask for o in outputs], False),
@@ -248,15 +243,20 @@ class HFRolloutEngine:
         return out
 
     @contextmanager
-    def _packed(self, rows: int) -> Iterator[None]:
-        """The model's linears on packed weights for this call (``packed_weights``); sets
-        ``packed_linears`` to the number packed."""
-        if not self.packed_weights:
-            yield
-            return
-        with packed_linears(self.model, min(rows, self.generation_batch_trajectories)) as count:
-            self.packed_linears = count
-            yield
+    def _generating(self, rows: int) -> Iterator[None]:
+        """The model in eval mode for one generate call (its mode restored after), its linears on
+        packed weights when ``packed_weights`` (``packed_linears`` set to the number packed)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            if not self.packed_weights:
+                yield
+                return
+            with packed_linears(self.model, min(rows, self.generation_batch_trajectories)) as count:
+                self.packed_linears = count
+                yield
+        finally:
+            self.model.train(was_training)
 
     def _count_decode(self, row_steps: int, useful: int) -> None:
         self.decode_stats["row_steps"] += row_steps
@@ -283,18 +283,13 @@ class HFRolloutEngine:
             seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
             uniforms = torch.rand(len(seqs), sampling.max_new_tokens, generator=torch.Generator().manual_seed(seed))
         outputs, new_caches = [], []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._packed(len(seqs)):
-                for start in range(0, len(seqs), self.generation_batch_trajectories):
-                    end = start + self.generation_batch_trajectories
-                    out, kv = self._continue_chunk(seqs[start:end], caches[start:end], sampling,
-                                                   None if uniforms is None else uniforms[start:end])  # fmt: skip
-                    outputs.append(out)
-                    new_caches += kv
-        finally:
-            self.model.train(was_training)
+        with self._generating(len(seqs)):
+            for start in range(0, len(seqs), self.generation_batch_trajectories):
+                end = start + self.generation_batch_trajectories
+                out, kv = self._continue_chunk(seqs[start:end], caches[start:end], sampling,
+                                               None if uniforms is None else uniforms[start:end])  # fmt: skip
+                outputs.append(out)
+                new_caches += kv
         joined = RolloutOutput(
             right_pad([o.response_ids for o in outputs], self.pad_token_id),
             right_pad([o.response_mask for o in outputs], False),

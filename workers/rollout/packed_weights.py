@@ -13,8 +13,9 @@ at 16 rows and a 113-token cache: 134 → 97 ms per decode step (docs/benchmarks
 The packed copies are made when the block is entered and dropped when it exits: a weight
 update (an optimizer step, ``load_weights``) between two generate calls is always seen, and
 no second copy of the weights outlives the call. Packing costs one pass over the weights
-(0.31 s for SmolLM2's 211 linears, median of 5), once per generate call. Results are those of ``F.linear`` up to
-float rounding (another summation order): logits within ~1e-4 of the unpacked ones.
+(0.31 s for SmolLM2's 211 linears, median of 5), once per generate call. Results are those
+of ``F.linear`` up to float rounding (another summation order): logits within ~1e-4 of the
+unpacked ones.
 
 Only exact ``nn.Linear`` modules with a plain, non-empty float32 CPU weight, no hooks and no
 forward of their own are packed; anything else (quantized or sharded layers) runs unchanged.
