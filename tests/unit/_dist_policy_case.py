@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from hybridflow.batch import Batch
+from tests.unit._dist_case import end_rank
 from tests.unit._worker_helpers import tiny_cfg
 from workers import checkpoint as C
 from workers import distributed as D
@@ -79,5 +80,4 @@ def rank_main(rank: int, world: int, port: int, batch_uri: str, out_dir: str) ->
         out |= _critic_round(rank, world, part, f"{out_dir}/critic_ckpt")
         if rank == 0:
             save_file({k: v.contiguous() for k, v in out.items()}, f"{out_dir}/{strategy}.safetensors")
-    D.barrier()
-    D.dist.destroy_process_group()
+    end_rank()

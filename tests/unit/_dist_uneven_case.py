@@ -44,5 +44,4 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
             state = D.full_model_state_dict(model)
             save_file(state | {f"metric/{k}": torch.tensor(v) for k, v in metrics.items()},
                       f"{out_dir}/{strategy}_{n}_rank{rank}.safetensors")
-    D.barrier()
-    D.dist.destroy_process_group()
+    case.end_rank()
