@@ -52,7 +52,18 @@ def environment() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "allocator": allocator(),
     }
+
+
+def allocator() -> str:
+    """``keep-freed`` when this process started with the pools' glibc malloc settings
+    (``workers.allocator.KEEP_FREED_MEMORY_ENV``, what ``hybridflow bench`` sets by default),
+    else ``default``."""
+    from workers.allocator import KEEP_FREED_MEMORY_ENV
+
+    kept = all(os.environ.get(k) == v for k, v in KEEP_FREED_MEMORY_ENV.items())
+    return "keep-freed" if kept else "default"
 
 
 def exit_cleanly_on_sigterm() -> None:
@@ -161,7 +172,8 @@ def measured_under(env: dict[str, Any]) -> str:
     """One line saying where and under what load a result was measured."""
     load = env["load_avg"]
     return (f"Measured {env['date']} on {env['cpu']} ({env['cores']} cores), torch {env['torch']} with "
-            f"{env['torch_threads']} threads; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min).")
+            f"{env['torch_threads']} threads; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min)"
+            + (f"; glibc malloc: {env['allocator']}." if env.get("allocator") else "."))
 
 
 # ---- model and prompts ---------------------------------------------------------------------------

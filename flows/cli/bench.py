@@ -3,12 +3,21 @@
 Benchmarks live in the repository's ``bench/`` folder (not an installed package); each writes
 JSON to ``bench/results/`` and its table into ``docs/benchmarks.md``. ``hybridflow bench list``
 names them; ``hybridflow bench NAME --help`` shows a benchmark's own options.
+
+A benchmark runs in the environment the pools' actors start with: glibc malloc keeps freed
+memory (``workers.allocator.KEEP_FREED_MEMORY_ENV``, ``placement.pools.NAME.keep_freed_memory``,
+default on), so an engine or an update measured in the benchmark's own process runs as it does in a
+pool, and a baseline measured beside it (bare ``generate``, a bare torch step, TRL's trainer)
+gets the same allocator. glibc reads these variables only when a process starts, so the command
+re-executes itself once with them set; ``hybridflow bench --allocator default NAME`` measures
+with glibc's defaults instead. Results record the setting (``environment.allocator``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +33,9 @@ def available() -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allocator", choices=["keep-freed", "default"], default="keep-freed",
+                   help="glibc malloc settings of the benchmark's process: the pools' (keep-freed, the default) "
+                        "or glibc's defaults")
     p.add_argument("name", help="benchmark to run: a file bench/NAME.py ('list' shows them)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (see NAME --help)")
 
@@ -36,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.name not in names:
         print(f"unknown benchmark {args.name!r}; available: {', '.join(names) or '(none)'}", file=sys.stderr)
         return 2
+    _start_with_allocator(getattr(args, "allocator", None))
     root = str(BENCH_DIR.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
@@ -44,3 +57,15 @@ def run(args: argparse.Namespace) -> int:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return int(module.main(list(args.args)) or 0)
+
+
+def _start_with_allocator(allocator: str | None) -> None:
+    """Re-execute this command with the pools' malloc settings in its environment, unless they are
+    already there (or ``allocator`` is ``default`` / None: leave the process as it is)."""
+    from workers.allocator import KEEP_FREED_MEMORY_ENV
+
+    if allocator != "keep-freed" or all(os.environ.get(k) == v for k, v in KEEP_FREED_MEMORY_ENV.items()):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **KEEP_FREED_MEMORY_ENV})

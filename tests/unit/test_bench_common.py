@@ -86,3 +86,26 @@ def test_cli_bench_parses_remainder():
 
     args = build_parser().parse_args(["bench", "peak", "--tokens", "8", "--no-docs"])
     assert args.name == "peak" and args.args == ["--tokens", "8", "--no-docs"]
+
+
+def test_cli_bench_runs_with_the_pools_allocator_unless_told_otherwise(tmp_path):
+    """``hybridflow bench`` re-executes itself with the pools' glibc malloc settings (results record
+    ``environment.allocator``); ``--allocator default`` leaves glibc's defaults."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from workers.allocator import KEEP_FREED_MEMORY_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in KEEP_FREED_MEMORY_ENV}
+    got = {}
+    for allocator in ("keep-freed", "default"):
+        out = tmp_path / f"{allocator}.json"
+        cmd = [sys.executable, "-m", "flows.cli", "bench", "--allocator", allocator, "peak", "--tokens", "8",
+               "--repeats", "1", "--bandwidth-mb", "8", "--square", "64", "--no-docs", "--out", str(out)]
+        subprocess.run(cmd, check=True, env=env, timeout=120, capture_output=True)
+        got[allocator] = json.loads(out.read_text())["environment"]["allocator"]
+    assert got == {"keep-freed": "keep-freed", "default": "default"}
+    assert common.allocator() in ("keep-freed", "default")
+    assert "glibc malloc: keep-freed." in common.measured_under(common.environment() | {"allocator": "keep-freed"})
