@@ -11,7 +11,11 @@ non-vLLM path does, which then recomputes log-probs with an extra forward pass.
 
 Decode-bound limit: every decode step reads all weights once, so a step takes at least
 max(weight bytes / read bandwidth, batch × FLOPs per token / peak GFLOP/s); the limit is
-batch / that time (from bench/results/peak.json; run ``hybridflow bench peak`` first).
+batch / that time. The peak (a float32 ``--probe-size``³ matmul, best of 2) and the read
+bandwidth (a sum over 256 MiB, best of 2) are probed between each cell's runs, so the limit is
+the machine's at the time (this box's peak moved from 130 to 196 GFLOP/s between two days);
+the limit from bench/results/peak.json is kept in the JSON as ``decode_limit_peak_json_tokens_per_s``.
+The limit counts decode FLOPs only while the measured time includes the prompt's prefill.
 Writes bench/results/rollout.json and the ``rollout`` table of docs/benchmarks.md.
 """
 
@@ -77,7 +81,8 @@ def profile_cell(model, engine, prompts, batch: int, length: int, pad_id: int, p
     print(f"profile written to {path}")
 
 
-def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_id: int) -> dict:
+def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_id: int,
+             probe_size: int = 2048) -> dict:
     ids, mask = prompts[0][:batch], prompts[1][:batch]
     counter = {"seed": 0}
 
@@ -91,19 +96,28 @@ def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_
 
         return call
 
+    from bench.peak import bandwidth, square_gflops
+
     runs = {
         "hf": side(lambda s: engine_generate(engine, ids, mask, length, s)),
         "bare": side(lambda s: bare_generate(model, ids, mask, length, pad_id, s)),
+        "peak_probe": lambda: square_gflops(probe_size),
+        "read_gbs_probe": lambda: bandwidth(256, 2)["read_gbs"],
     }
     got = common.alternate(runs, repeats, warmup=False)
     ratios = [h / b for h, b in zip(got["hf"], got["bare"], strict=True)]
+    probed = {"peak_gflops": common.stats(got["peak_probe"])["median"],
+              "bandwidth": {"read_gbs": common.stats(got["read_gbs_probe"])["median"]}}
     return {"batch": batch, "length": length, "prompt_len": int(ids.shape[1]),
             "hf_tokens_per_s": got["hf"], "bare_tokens_per_s": got["bare"],
-            "hf": common.stats(got["hf"]), "bare": common.stats(got["bare"]), "ratio": common.stats(ratios)}
+            "hf": common.stats(got["hf"]), "bare": common.stats(got["bare"]), "ratio": common.stats(ratios),
+            "peak_alongside_gflops": common.stats(got["peak_probe"]),
+            "read_gbs_alongside": common.stats(got["read_gbs_probe"]),
+            "decode_limit_tokens_per_s": decode_limit(model, batch, probed), "probe_size": probe_size}
 
 
 def measure(model_path: str, batches: list[int], lengths: list[int], repeats: int,
-            max_cell_tokens: int | None = None, profile: str | None = None) -> dict:
+            max_cell_tokens: int | None = None, profile: str | None = None, probe_size: int = 2048) -> dict:
     from bench.peak import load_peak
     from workers.rollout.hf import HFRolloutEngine
 
@@ -120,8 +134,8 @@ def measure(model_path: str, batches: list[int], lengths: list[int], repeats: in
             if max_cell_tokens and b * n > max_cell_tokens:
                 skipped.append([b, n])
                 continue
-            cell = run_cell(model, engine, prompts, b, n, repeats, pad)
-            cell["decode_limit_tokens_per_s"] = decode_limit(model, b, peak)
+            cell = run_cell(model, engine, prompts, b, n, repeats, pad, probe_size)
+            cell["decode_limit_peak_json_tokens_per_s"] = decode_limit(model, b, peak)
             cells.append(cell)
             print(f"batch {b:3d} × {n:4d} tokens: hf {cell['hf']['median']:.1f} tok/s, bare "
                   f"{cell['bare']['median']:.1f} tok/s, ratio {cell['ratio']['median']:.3f}", flush=True)
@@ -143,7 +157,7 @@ def render(res: dict) -> str:
                      "—" if lim is None else f"{100 * c['hf']['median'] / lim:.0f}%"))
     table = common.markdown_table(
         ["batch", "new tokens", "hf engine tok/s", "bare generate tok/s", "hf / bare, median (min–max)",
-         "decode limit tok/s", "hf / limit"], rows)
+         "decode limit tok/s (probed alongside)", "hf / limit"], rows)
     skipped = res.get("skipped_cells") or []
     note = f" Skipped for CPU time: {', '.join(f'{b}×{n}' for b, n in skipped)}." if skipped else ""
     return "\n\n".join([
@@ -168,12 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", metavar="BxN", default=None,
                    help="torch-profile one call of each side at batch B × N tokens (bench/results/rollout_profile.txt)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--probe-size", type=int, default=2048,
+                   help="size of the square matmul peak probe run between each cell's runs")
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
     common.set_threads(args.threads)
     res = common.write_result_and_render("rollout", measure(args.model, args.batches, args.lengths, args.repeats,
-                                                              args.max_cell_tokens, args.profile),
+                                                              args.max_cell_tokens, args.profile, args.probe_size),
                                          render, out=args.out, docs=not args.no_docs)
     return 0 if res else 1
 
