@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     argument or config (one line on stderr), 130 interrupted, 143 SIGTERM (as SystemExit)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args._command_line = argv is None  # this process is the command itself (it may re-execute itself)
     if args.command in VERBOSE_COMMANDS:
         from flows.console import configure_console_logging
 

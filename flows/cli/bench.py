@@ -9,8 +9,10 @@ memory (``workers.allocator.KEEP_FREED_MEMORY_ENV``, ``placement.pools.NAME.keep
 default on), so an engine or an update measured in the benchmark's own process runs as it does in a
 pool, and a baseline measured beside it (bare ``generate``, a bare torch step, TRL's trainer)
 gets the same allocator. glibc reads these variables only when a process starts, so the command
-re-executes itself once with them set; ``hybridflow bench --allocator default NAME`` measures
-with glibc's defaults instead. Results record the setting (``environment.allocator``).
+re-executes itself once with them set (only as the ``hybridflow`` command itself: a program that
+calls ``flows.cli.main(argv)`` in-process keeps its own environment and process);
+``hybridflow bench --allocator default NAME`` measures with glibc's defaults instead. Results
+record the setting (``environment.allocator``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if args.name not in names:
         print(f"unknown benchmark {args.name!r}; available: {', '.join(names) or '(none)'}", file=sys.stderr)
         return 2
-    _start_with_allocator(getattr(args, "allocator", None))
+    if getattr(args, "_command_line", False):  # never replace a process that called main(argv) in-process
+        _start_with_allocator(getattr(args, "allocator", None))
     root = str(BENCH_DIR.parent)
     if root not in sys.path:
         sys.path.insert(0, root)

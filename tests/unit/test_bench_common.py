@@ -107,5 +107,13 @@ def test_cli_bench_runs_with_the_pools_allocator_unless_told_otherwise(tmp_path)
         subprocess.run(cmd, check=True, env=env, timeout=120, capture_output=True)
         got[allocator] = json.loads(out.read_text())["environment"]["allocator"]
     assert got == {"keep-freed": "keep-freed", "default": "default"}
+    # called in-process (flows.cli.main(argv)), the command never replaces its caller's process
+    from flows.cli import main
+
+    out = tmp_path / "in_process.json"
+    argv = ["bench", "--allocator", "keep-freed", "peak", "--tokens", "8", "--repeats", "1", "--bandwidth-mb", "8",
+            "--square", "64", "--no-docs", "--out", str(out)]
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["environment"]["allocator"] == common.allocator()
     assert common.allocator() in ("keep-freed", "default")
     assert "glibc malloc: keep-freed." in common.measured_under(common.environment() | {"allocator": "keep-freed"})
