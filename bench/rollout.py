@@ -65,6 +65,20 @@ def decode_limit(model, batch: int, peak: dict | None) -> float | None:
     return batch / step
 
 
+def call_limit(model, batch: int, length: int, prompt_len: int, peak: dict | None) -> float | None:
+    """Tokens/s upper bound of a whole generate call: ``length`` decode steps (each at least
+    :func:`decode_limit`'s step time, the first of them fed the prompt's last token) plus the
+    prefill of the other ``batch`` × (``prompt_len`` − 1) prompt positions (padding included, as
+    computed) at the peak, their FLOPs without the LM head, which the prefill runs on no position.
+    The measured tokens/s include the prefill, the decode limit does not; None without ``peak``."""
+    if not peak:
+        return None
+    cfg = model.config
+    flops = common.model_flops_per_token(model)["dense"]
+    prefill = batch * (prompt_len - 1) * (flops - 2.0 * cfg.vocab_size * cfg.hidden_size) / (peak["peak_gflops"] * 1e9)
+    return batch * length / (length * batch / decode_limit(model, batch, peak) + prefill)
+
+
 def profile_cell(model, engine, prompts, batch: int, length: int, pad_id: int, path: Path) -> None:
     """torch-profile one hf-engine call and one bare call of a cell; top ops of each to ``path``."""
     from torch.profiler import ProfilerActivity, profile
@@ -113,7 +127,9 @@ def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_
             "hf": common.stats(got["hf"]), "bare": common.stats(got["bare"]), "ratio": common.stats(ratios),
             "peak_alongside_gflops": common.stats(got["peak_probe"]),
             "read_gbs_alongside": common.stats(got["read_gbs_probe"]),
-            "decode_limit_tokens_per_s": decode_limit(model, batch, probed), "probe_size": probe_size}
+            "decode_limit_tokens_per_s": decode_limit(model, batch, probed),
+            "call_limit_tokens_per_s": call_limit(model, batch, length, int(ids.shape[1]), probed),
+            "probe_size": probe_size}
 
 
 def measure(model_path: str, batches: list[int], lengths: list[int], repeats: int,
@@ -150,14 +166,15 @@ def measure(model_path: str, batches: list[int], lengths: list[int], repeats: in
 def render(res: dict) -> str:
     rows = []
     for c in res["cells"]:
-        lim = c.get("decode_limit_tokens_per_s")
+        lim, call = c.get("decode_limit_tokens_per_s"), c.get("call_limit_tokens_per_s")
         rows.append((c["batch"], c["length"], f"{c['hf']['median']:.1f}", f"{c['bare']['median']:.1f}",
                      f"{c['ratio']['median']:.3f} ({c['ratio']['min']:.3f}–{c['ratio']['max']:.3f})",
                      "—" if lim is None else f"{lim:.0f}",
-                     "—" if lim is None else f"{100 * c['hf']['median'] / lim:.0f}%"))
+                     "—" if lim is None else f"{100 * c['hf']['median'] / lim:.0f}%",
+                     "—" if call is None else f"{100 * c['hf']['median'] / call:.0f}%"))
     table = common.markdown_table(
         ["batch", "new tokens", "hf engine tok/s", "bare generate tok/s", "hf / bare, median (min–max)",
-         "decode limit tok/s (probed alongside)", "hf / limit"], rows)
+         "decode limit tok/s (probed alongside)", "hf / limit", "hf / limit with the prompt's prefill"], rows)
     skipped = res.get("skipped_cells") or []
     note = f" Skipped for CPU time: {', '.join(f'{b}×{n}' for b, n in skipped)}." if skipped else ""
     return "\n\n".join([

@@ -40,6 +40,10 @@ def test_decode_limit_is_the_slower_of_bandwidth_and_compute():
     # batch 4: compute 4·43264 = 173056 FLOPs = 173.056 µs > 87.168 µs → compute bound, 4 tokens per step
     assert rollout.decode_limit(model, 4, peak_res) == pytest.approx(4 / (4 * 43264 / 1e9))
     assert rollout.decode_limit(model, 4, None) is None
+    # a call of 4 rows × 2 tokens after a 3-token prompt: 2 compute-bound steps (2 · 173.056 µs) and a
+    # prefill of 4 · 2 positions at (43264 − 2 · 100 · 32 = 36864) FLOPs each = 294.912 µs → 8 tokens in 641.024 µs
+    assert rollout.call_limit(model, 4, 2, 3, peak_res) == pytest.approx(8 / (2 * 173.056e-6 + 294.912e-6))
+    assert rollout.call_limit(model, 4, 2, 3, None) is None
 
 
 def test_rollout_smoke(tmp_path):
@@ -60,6 +64,7 @@ def test_rollout_smoke(tmp_path):
                   "bandwidth": {"read_gbs": c["read_gbs_alongside"]["median"]}}
         model, _ = common.load_model("tiny")
         assert c["decode_limit_tokens_per_s"] == pytest.approx(rollout.decode_limit(model, c["batch"], probed))
+        assert c["call_limit_tokens_per_s"] < c["decode_limit_tokens_per_s"]
     assert "| 2 | 3 |" in rollout.render(res)
 
 
