@@ -59,10 +59,16 @@ def environment() -> dict[str, Any]:
 def allocator() -> str:
     """``keep-freed`` when this process started with the pools' glibc malloc settings
     (``workers.allocator.KEEP_FREED_MEMORY_ENV``, what ``hybridflow bench`` sets by default),
-    else ``default``."""
+    else ``default``. glibc reads them only at start, so this reads the environment the process
+    started with (``/proc/self/environ``; ``os.environ`` where there is none), not later changes."""
     from workers.allocator import KEEP_FREED_MEMORY_ENV
 
-    kept = all(os.environ.get(k) == v for k, v in KEEP_FREED_MEMORY_ENV.items())
+    try:
+        raw = Path("/proc/self/environ").read_bytes().decode(errors="replace")
+        start = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+    except OSError:
+        start = dict(os.environ)
+    kept = all(start.get(k) == v for k, v in KEEP_FREED_MEMORY_ENV.items())
     return "keep-freed" if kept else "default"
 
 

@@ -12,7 +12,8 @@ non-vLLM path does, which then recomputes log-probs with an extra forward pass.
 Decode-bound limit: every decode step reads all weights once, so a step takes at least
 max(weight bytes / read bandwidth, batch × FLOPs per token / peak GFLOP/s); the limit is
 batch / that time. The peak (a float32 ``--probe-size``³ matmul, best of 2) and the read
-bandwidth (a sum over 256 MiB, best of 2) are probed between each cell's runs, so the limit is
+bandwidth (a sum over ``--bandwidth-mb`` MiB, default 512 as in ``bench peak``, best of 2) are
+probed between each cell's runs, so the limit is
 the machine's at the time (this box's peak moved from 130 to 196 GFLOP/s between two days);
 the limit from bench/results/peak.json is kept in the JSON as ``decode_limit_peak_json_tokens_per_s``.
 The limit counts decode FLOPs only while the measured time includes the prompt's prefill.
@@ -96,7 +97,7 @@ def profile_cell(model, engine, prompts, batch: int, length: int, pad_id: int, p
 
 
 def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_id: int,
-             probe_size: int = 2048) -> dict:
+             probe_size: int = 2048, bandwidth_mb: int = 512) -> dict:
     ids, mask = prompts[0][:batch], prompts[1][:batch]
     counter = {"seed": 0}
 
@@ -116,7 +117,7 @@ def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_
         "hf": side(lambda s: engine_generate(engine, ids, mask, length, s)),
         "bare": side(lambda s: bare_generate(model, ids, mask, length, pad_id, s)),
         "peak_probe": lambda: square_gflops(probe_size),
-        "read_gbs_probe": lambda: bandwidth(256, 2)["read_gbs"],
+        "read_gbs_probe": lambda: bandwidth(bandwidth_mb, 2)["read_gbs"],
     }
     got = common.alternate(runs, repeats, warmup=False)
     ratios = [h / b for h, b in zip(got["hf"], got["bare"], strict=True)]
@@ -129,11 +130,12 @@ def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_
             "read_gbs_alongside": common.stats(got["read_gbs_probe"]),
             "decode_limit_tokens_per_s": decode_limit(model, batch, probed),
             "call_limit_tokens_per_s": call_limit(model, batch, length, int(ids.shape[1]), probed),
-            "probe_size": probe_size}
+            "probe_size": probe_size, "bandwidth_mb": bandwidth_mb}
 
 
 def measure(model_path: str, batches: list[int], lengths: list[int], repeats: int,
-            max_cell_tokens: int | None = None, profile: str | None = None, probe_size: int = 2048) -> dict:
+            max_cell_tokens: int | None = None, profile: str | None = None, probe_size: int = 2048,
+            bandwidth_mb: int = 512) -> dict:
     from bench.peak import load_peak
     from workers.rollout.hf import HFRolloutEngine
 
@@ -150,7 +152,7 @@ def measure(model_path: str, batches: list[int], lengths: list[int], repeats: in
             if max_cell_tokens and b * n > max_cell_tokens:
                 skipped.append([b, n])
                 continue
-            cell = run_cell(model, engine, prompts, b, n, repeats, pad, probe_size)
+            cell = run_cell(model, engine, prompts, b, n, repeats, pad, probe_size, bandwidth_mb)
             cell["decode_limit_peak_json_tokens_per_s"] = decode_limit(model, b, peak)
             cells.append(cell)
             print(f"batch {b:3d} × {n:4d} tokens: hf {cell['hf']['median']:.1f} tok/s, bare "
@@ -172,9 +174,11 @@ def render(res: dict) -> str:
                      "—" if lim is None else f"{lim:.0f}",
                      "—" if lim is None else f"{100 * c['hf']['median'] / lim:.0f}%",
                      "—" if call is None else f"{100 * c['hf']['median'] / call:.0f}%"))
+    probed = any("peak_alongside_gflops" in c for c in res["cells"])  # older results: the limit of peak.json
     table = common.markdown_table(
         ["batch", "new tokens", "hf engine tok/s", "bare generate tok/s", "hf / bare, median (min–max)",
-         "decode limit tok/s (probed alongside)", "hf / limit", "hf / limit with the prompt's prefill"], rows)
+         f"decode limit tok/s ({'probed alongside' if probed else 'peak.json'})", "hf / limit",
+         "hf / limit with the prompt's prefill"], rows)
     skipped = res.get("skipped_cells") or []
     note = f" Skipped for CPU time: {', '.join(f'{b}×{n}' for b, n in skipped)}." if skipped else ""
     return "\n\n".join([
@@ -201,12 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--probe-size", type=int, default=2048,
                    help="size of the square matmul peak probe run between each cell's runs")
+    p.add_argument("--bandwidth-mb", type=int, default=512,
+                   help="MiB read by the bandwidth probe run between each cell's runs")
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
     common.set_threads(args.threads)
     res = common.write_result_and_render("rollout", measure(args.model, args.batches, args.lengths, args.repeats,
-                                                              args.max_cell_tokens, args.profile, args.probe_size),
+                                                              args.max_cell_tokens, args.profile, args.probe_size,
+                                                              args.bandwidth_mb),
                                          render, out=args.out, docs=not args.no_docs)
     return 0 if res else 1
 

@@ -163,7 +163,7 @@ def render(res: dict) -> str:
         s = res[side]
 
         def pct(key: str, s=s) -> str:
-            return f"{100 * s[key]:.0f}%" if key in s else "— (no peak.json)"
+            return f"{100 * s[key]:.1f}%" if key in s else "— (no peak.json)"
 
         gflops = s["median"] * res["train_flops_per_token"] / 1e9
         rows.append(("update_policy" if side == "hybridflow" else "bare torch step", f"{s['median']:.1f}",

@@ -11,8 +11,9 @@ pool, and a baseline measured beside it (bare ``generate``, a bare torch step, T
 gets the same allocator. glibc reads these variables only when a process starts, so the command
 re-executes itself once with them set (only as the ``hybridflow`` command itself: a program that
 calls ``flows.cli.main(argv)`` in-process keeps its own environment and process);
-``hybridflow bench --allocator default NAME`` measures with glibc's defaults instead. Results
-record the setting (``environment.allocator``).
+``hybridflow bench --allocator default NAME`` measures with glibc's defaults instead (the
+variables removed if the caller's environment had them). Results record the setting
+(``environment.allocator``, read from the environment the process started with).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 NOT_BENCHMARKS = {"__init__", "common", "harness"}  # helpers, not benchmarks
+REEXEC_GUARD = "HYBRIDFLOW_BENCH_REEXECUTED"  # set in the re-executed process: it never re-executes again
 
 
 def available() -> list[str]:
@@ -63,12 +65,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_with_allocator(allocator: str | None) -> None:
-    """Re-execute this command with the pools' malloc settings in its environment, unless they are
-    already there (or ``allocator`` is ``default`` / None: leave the process as it is)."""
+    """Re-execute this command once with the environment ``allocator`` asks for: the pools' malloc
+    settings (``keep-freed``) or none of them (``default``: removed if the caller had set them).
+    Nothing happens when the environment already matches, for None, or in the re-executed process
+    (``REEXEC_GUARD`` set), so it cannot loop."""
     from workers.allocator import KEEP_FREED_MEMORY_ENV
 
-    if allocator != "keep-freed" or all(os.environ.get(k) == v for k, v in KEEP_FREED_MEMORY_ENV.items()):
+    if allocator not in ("keep-freed", "default") or os.environ.get(REEXEC_GUARD):
+        return
+    env = {k: v for k, v in os.environ.items() if k not in KEEP_FREED_MEMORY_ENV}
+    if allocator == "keep-freed":
+        env |= KEEP_FREED_MEMORY_ENV
+    if all(os.environ.get(k) == env.get(k) for k in KEEP_FREED_MEMORY_ENV):
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **KEEP_FREED_MEMORY_ENV})
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env | {REEXEC_GUARD: "1"})

@@ -107,6 +107,12 @@ def test_cli_bench_runs_with_the_pools_allocator_unless_told_otherwise(tmp_path)
         subprocess.run(cmd, check=True, env=env, timeout=120, capture_output=True)
         got[allocator] = json.loads(out.read_text())["environment"]["allocator"]
     assert got == {"keep-freed": "keep-freed", "default": "default"}
+    # --allocator default removes the settings when the caller's environment has them
+    out = tmp_path / "default_over_set.json"
+    cmd = [sys.executable, "-m", "flows.cli", "bench", "--allocator", "default", "peak", "--tokens", "8",
+           "--repeats", "1", "--bandwidth-mb", "8", "--square", "64", "--no-docs", "--out", str(out)]
+    subprocess.run(cmd, check=True, env=env | KEEP_FREED_MEMORY_ENV, timeout=120, capture_output=True)
+    assert json.loads(out.read_text())["environment"]["allocator"] == "default"
     # called in-process (flows.cli.main(argv)), the command never replaces its caller's process
     from flows.cli import main
 

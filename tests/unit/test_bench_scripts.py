@@ -51,7 +51,7 @@ def test_rollout_smoke(tmp_path):
 
     out = tmp_path / "rollout.json"
     argv = ["--model", "tiny", "--batches", "1,2", "--lengths", "3", "--repeats", "1", "--probe-size", "64",
-            "--out", str(out), "--no-docs"]
+            "--bandwidth-mb", "8", "--out", str(out), "--no-docs"]
     assert rollout.main(argv) == 0
     res = json.loads(out.read_text())
     assert [(c["batch"], c["length"]) for c in res["cells"]] == [(1, 3), (2, 3)]
@@ -59,13 +59,14 @@ def test_rollout_smoke(tmp_path):
         assert len(c["hf_tokens_per_s"]) == len(c["bare_tokens_per_s"]) == 1
         assert c["ratio"]["median"] == pytest.approx(c["hf_tokens_per_s"][0] / c["bare_tokens_per_s"][0])
         # the limit comes from the peak and bandwidth probed between the cell's runs
-        assert c["peak_alongside_gflops"]["n"] == c["read_gbs_alongside"]["n"] == 1 and c["probe_size"] == 64
+        assert c["peak_alongside_gflops"]["n"] == c["read_gbs_alongside"]["n"] == 1
+        assert (c["probe_size"], c["bandwidth_mb"]) == (64, 8)
         probed = {"peak_gflops": c["peak_alongside_gflops"]["median"],
                   "bandwidth": {"read_gbs": c["read_gbs_alongside"]["median"]}}
         model, _ = common.load_model("tiny")
         assert c["decode_limit_tokens_per_s"] == pytest.approx(rollout.decode_limit(model, c["batch"], probed))
         assert c["call_limit_tokens_per_s"] < c["decode_limit_tokens_per_s"]
-    assert "| 2 | 3 |" in rollout.render(res)
+    assert "| 2 | 3 |" in rollout.render(res) and "(probed alongside)" in rollout.render(res)
 
 
 def test_bare_generate_makes_exactly_length_tokens():
