@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -75,6 +75,51 @@ def pick_tokens(scores: Tensor, sampling, uniforms: Tensor | None) -> tuple[Tens
     return token, log_probs
 
 
+class DecodeSteps(Protocol):
+    """What the decode loop runs: one step for the live rows, and dropping finished rows."""
+
+    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """tokens / positions [n] int64 of the n live rows → next-token logits [n, V] float32;
+        the tokens join the rows' KV cache."""
+        ...
+
+    def keep_rows(self, stay: Tensor) -> None:
+        """Keep only the live rows ``stay`` ([k] int64, increasing) from now on."""
+        ...
+
+
+class ModelSteps:
+    """Decode steps through the model's own forward on a transformers KV cache.
+
+    ids / mask / positions: [N, L] the prompts (int64 / bool / int64); their first L-1 columns are
+    prefilled here (:func:`prefill`) unless ``prefix_cache`` holds them. Each step appends a mask
+    column for the fed token. Raises ValueError when the model's forward takes no KV cache, or
+    returns none."""
+
+    def __init__(self, model: nn.Module, ids: Tensor, mask: Tensor, positions: Tensor,
+                 prefix_cache: dict[str, object] | None = None) -> None:  # fmt: skip
+        self.name, self.keep_last = forward_kwargs(model)
+        if self.name is None:
+            raise ValueError(f"decode: {type(model).__name__}.forward takes no KV cache argument")
+        self.model, self.attn = model, mask.long()
+        self.cache = prefill(model, ids, mask, positions, prefix_cache)
+
+    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        kwargs = {self.name: self.cache} if self.cache is not None else {}
+        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=self.attn, position_ids=positions.unsqueeze(1),
+                         use_cache=True, **kwargs, **self.keep_last)  # fmt: skip
+        self.cache = getattr(out, self.name)
+        if self.cache is None:
+            raise ValueError(f"decode: {type(self.model).__name__} returned no KV cache under use_cache=True; set "
+                             "rollout.drop_finished_rows=false to decode with transformers' generate")
+        self.attn = torch.cat([self.attn, self.attn.new_ones((len(tokens), 1))], 1)
+        return out.logits[:, -1].float()
+
+    def keep_rows(self, stay: Tensor) -> None:
+        self.attn = self.attn[stay]
+        gather_rows(self.cache, stay)
+
+
 @dataclass
 class DecodeResult:
     """response_ids [N, R] int64 (``pad_token_id`` after a row's end), log_probs [N, R] float32
@@ -90,7 +135,7 @@ class DecodeResult:
 def decode(
     model: nn.Module, ids: Tensor, mask: Tensor, sampling, uniforms: Tensor | None, pad_token_id: int, *,
     prefix_cache: dict[str, object] | None = None, on_finished: Callable[[int], None] | None = None,
-    step: CompiledDecodeStep | None = None,
+    step: CompiledDecodeStep | None = None, steps: DecodeSteps | None = None,
 ) -> DecodeResult:
     """Generate up to ``sampling.max_new_tokens`` tokens for each of N left-padded rows.
 
@@ -101,7 +146,10 @@ def decode(
     with the number of rows finished so far whenever it grows. Raises ValueError when a row ends
     in padding. Runs under ``torch.no_grad``; the caller sets eval mode. step: run each decode
     step compiled on a static KV cache (:func:`workers.rollout.compiled.decode_static`,
-    ``rollout.compile``); ``model`` must then be ``step.model``.
+    ``rollout.compile``); ``model`` must then be ``step.model``. steps: the decode steps to run,
+    already holding the KV cache of the first L-1 columns of the N rows (a
+    :class:`workers.rollout.fused_decode.FusedDecoder` after its ``prefill``); by default
+    :class:`ModelSteps`, the model's own forward after :func:`prefill`.
     """
     if not bool(mask[:, -1].all()):
         raise ValueError("decode: every prompt row must end in a real token (left padding)")
@@ -112,42 +160,33 @@ def decode(
 
         return decode_static(step, ids, mask, sampling, uniforms, pad_token_id, prefix_cache=prefix_cache,
                              on_finished=on_finished)  # fmt: skip
-    name, keep_last = forward_kwargs(model)
-    if name is None:
-        raise ValueError(f"decode: {type(model).__name__}.forward takes no KV cache argument")
     n_rows = ids.shape[0]
     stops = torch.as_tensor(list(sampling.stop_token_ids), dtype=torch.int64, device=ids.device)
     positions = position_ids_from_mask(mask)
-    attn = mask.long()
     with torch.no_grad():
-        cache = prefill(model, ids, mask, positions, prefix_cache)
-        feed, pos = ids[:, -1:], positions[:, -1:]
+        if steps is None:
+            steps = ModelSteps(model, ids, mask, positions, prefix_cache)
+        feed, pos = ids[:, -1], positions[:, -1]
         alive = torch.arange(n_rows, device=ids.device)  # original row of each live row
         tokens = torch.full((n_rows, sampling.max_new_tokens), pad_token_id, dtype=torch.int64, device=ids.device)
         log_probs = torch.zeros((n_rows, sampling.max_new_tokens), dtype=torch.float32, device=ids.device)
-        row_steps, steps, finished = 0, 0, 0
-        for step in range(sampling.max_new_tokens):
-            kwargs = {name: cache} if cache is not None else {}
-            out = model(input_ids=feed, attention_mask=attn, position_ids=pos, use_cache=True, **kwargs, **keep_last)
-            cache = getattr(out, name)
-            if cache is None:
-                raise ValueError(f"decode: {type(model).__name__} returned no KV cache under use_cache=True; set "
-                                 "rollout.drop_finished_rows=false to decode with transformers' generate")
+        row_steps, done_steps, finished = 0, 0, 0
+        for t in range(sampling.max_new_tokens):
+            logits = steps.step(feed, pos)
             row_steps += len(alive)
-            steps = step + 1
-            token, done = take_step(out.logits[:, -1].float(), sampling, uniforms, alive, step, stops, tokens, log_probs)
-            if step + 1 == sampling.max_new_tokens or bool(done.all()):
+            done_steps = t + 1
+            token, done = take_step(logits, sampling, uniforms, alive, t, stops, tokens, log_probs)
+            if t + 1 == sampling.max_new_tokens or bool(done.all()):
                 break
             if bool(done.any()):
                 stay = (~done).nonzero().squeeze(1)
-                alive, token, pos, attn = alive[stay], token[stay], pos[stay], attn[stay]
-                gather_rows(cache, stay)
+                alive, token, pos = alive[stay], token[stay], pos[stay]
+                steps.keep_rows(stay)
                 finished = n_rows - len(alive)
                 if on_finished is not None:
                     on_finished(finished)
-            attn = torch.cat([attn, attn.new_ones((len(alive), 1))], 1)
-            feed, pos = token.unsqueeze(1), pos + 1
-    tokens, log_probs = tokens[:, :steps], log_probs[:, :steps]
+            feed, pos = token, pos + 1
+    tokens, log_probs = tokens[:, :done_steps], log_probs[:, :done_steps]
     return DecodeResult(tokens, log_probs, row_steps, _useful_row_steps(tokens, stops))
 
 
@@ -188,4 +227,4 @@ def _useful_row_steps(tokens: Tensor, stops: Tensor) -> int:
     return int(first.sum())
 
 
-__all__ = ["DecodeResult", "decode", "pick_tokens", "prefill", "take_step", "top_k_top_p_filter"]
+__all__ = ["DecodeResult", "DecodeSteps", "ModelSteps", "decode", "pick_tokens", "prefill", "take_step", "top_k_top_p_filter"]
