@@ -279,6 +279,48 @@ def identical_outputs(greedy: tuple[Any, Any], sampled_a: Sequence[Any], sampled
             "max_log_prob_gap_identical_rows": max((s[2] for s in same), default=0.0)}
 
 
+def engine_pair_cell(model: Any, tok: Any, prompts: int, samples: int, tokens: int, repeats: int,
+                     sides: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One rollout cell (``prompts`` chat prompts × ``samples`` at temperature 1, ≤ ``tokens``, EOS
+    stop, one decode chunk) on two hf engines over the same model object and seeds, built from
+    ``sides`` {name: HFRolloutEngine kwargs} (two entries, the baseline first). Timed runs
+    alternate after a warm-up; a greedy run per side compares tokens. Returns (the cell: seconds
+    per side, their stats, ``speedup`` = baseline ÷ other per round, response tokens, and
+    :func:`identical_outputs`; the engines by name)."""
+    from workers.rollout.base import SamplingParams
+    from workers.rollout.hf import HFRolloutEngine
+
+    ids, mask = prompt_batch(tok, prompts)
+    rows = prompts * samples
+    engines = {k: HFRolloutEngine(model, tok, generation_batch_trajectories=rows, **kw) for k, kw in sides.items()}
+    base, other = list(sides)
+    stop = (int(tok.eos_token_id),)
+
+    def sampling(seed: int, greedy: bool = False) -> SamplingParams:
+        return SamplingParams(max_new_tokens=tokens, temperature=0.0 if greedy else 1.0, n=samples, seed=seed,
+                              stop_token_ids=stop)  # fmt: skip
+
+    greedy = {k: e.generate(ids, mask, sampling(0, greedy=True)) for k, e in engines.items()}
+    seed = dict.fromkeys(sides, 0)
+    outputs: dict[str, list] = {k: [] for k in sides}
+
+    def side(name: str):
+        def call():
+            seed[name] += 1
+            outputs[name].append(engines[name].generate(ids, mask, sampling(seed[name])))
+
+        return call
+
+    got = alternate({name: side(name) for name in sides}, repeats)
+    timed_out = {k: v[-repeats:] for k, v in outputs.items()}  # the warm-up's outputs come first
+    cell = {"prompts": prompts, "samples": samples, "max_tokens": tokens, "prompt_len": int(ids.shape[1]),
+            "seconds": got, base: stats(got[base]), other: stats(got[other]),
+            "speedup": stats([a / b for a, b in zip(got[base], got[other], strict=True)]),
+            "response_tokens": {k: sum(int(o.response_mask.sum()) for o in v) for k, v in timed_out.items()},
+            **identical_outputs((greedy[base], greedy[other]), timed_out[base], timed_out[other])}
+    return cell, engines
+
+
 def measure_cells(model_path: str, cells: Sequence[tuple[int, int, int]], repeats: int,
                   run_cell: Callable[..., dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
     """Load ``model_path`` once and run ``run_cell(model, tok, p, s, t, repeats)`` per cell,

@@ -5,8 +5,9 @@
 A cell PxSxT is P chat-templated arithmetic prompts (the demo's task) × S samples at
 temperature 1, up to T new tokens, EOS stop, one decode chunk of P·S rows — as in
 ``bench finished_rows``. Both sides are the hf engine's own loop on the same model object and
-seeds; one packs every linear weight once per generate call (``workers/rollout/packed_weights.py``,
-the packing included in its time), the other runs ``F.linear``. Timed runs alternate
+seeds, with ``rollout.fused_decode`` off; one packs every linear weight once per generate call
+(``workers/rollout/packed_weights.py``, the packing included in its time), the other runs
+``F.linear``. Timed runs alternate
 (unpacked, packed, packed, unpacked, ...) after a warm-up. A greedy run per cell counts the rows
 whose tokens are identical on both sides; for the sampled runs, the share of identical rows and
 the largest log-prob gap on them (float rounding moves a sampled token only where its uniform
@@ -27,38 +28,10 @@ SIDES = ("unpacked", "packed")
 
 
 def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) -> dict:
-    from workers.rollout.base import SamplingParams
-    from workers.rollout.hf import HFRolloutEngine
-
-    ids, mask = common.prompt_batch(tok, prompts)
-    rows = prompts * samples
-    engines = {side: HFRolloutEngine(model, tok, generation_batch_trajectories=rows, packed_weights=side == "packed")
-               for side in SIDES}  # fmt: skip
-    stop = (int(tok.eos_token_id),)
-
-    def sampling(seed: int, greedy: bool = False) -> SamplingParams:
-        return SamplingParams(max_new_tokens=tokens, temperature=0.0 if greedy else 1.0, n=samples, seed=seed,
-                              stop_token_ids=stop)  # fmt: skip
-
-    greedy = {k: e.generate(ids, mask, sampling(0, greedy=True)) for k, e in engines.items()}
-    seed = dict.fromkeys(SIDES, 0)
-    outputs: dict[str, list] = {side: [] for side in SIDES}
-
-    def side(name: str):
-        def call():
-            seed[name] += 1
-            outputs[name].append(engines[name].generate(ids, mask, sampling(seed[name])))
-
-        return call
-
-    got = common.alternate({name: side(name) for name in SIDES}, repeats)
-    timed = {k: v[-repeats:] for k, v in outputs.items()}  # the warm-up's outputs come first
-    tokens_out = {k: sum(int(o.response_mask.sum()) for o in v) for k, v in timed.items()}
-    return {"prompts": prompts, "samples": samples, "max_tokens": tokens, "prompt_len": int(ids.shape[1]),
-            "seconds": got, "unpacked": common.stats(got["unpacked"]), "packed": common.stats(got["packed"]),
-            "speedup": common.stats([u / p for u, p in zip(got["unpacked"], got["packed"], strict=True)]),
-            "response_tokens": tokens_out, "packed_linears": engines["packed"].packed_linears,
-            **common.identical_outputs((greedy["unpacked"], greedy["packed"]), timed["unpacked"], timed["packed"])}
+    sides = {"unpacked": {"packed_weights": False, "fused_decode": False},
+             "packed": {"packed_weights": True, "fused_decode": False}}
+    cell, engines = common.engine_pair_cell(model, tok, prompts, samples, tokens, repeats, sides)
+    return {**cell, "packed_linears": engines["packed"].packed_linears}
 
 
 def measure(model_path: str, cells: list[tuple[int, int, int]], repeats: int) -> dict:

@@ -190,6 +190,13 @@ class RolloutConfig(_Section):
         "generate call (workers/rollout/packed_weights.py); 1.3-1.4x faster decode steps at 8-16 rows on a "
         "2-core CPU (docs/benchmarks.md). Log-probs equal to float rounding. Ignored on a GPU and with compile.",
     )
+    fused_decode: bool = Field(
+        True, description="hf engine on a CPU, single-turn with drop_finished_rows: Llama-family models (llama, "
+        "mistral, qwen2; float32, plain linears) prefill and decode through workers/rollout/fused_decode.py (fused "
+        "q/k/v and gate/up products on packed weights, residual adds inside the products, a preallocated KV "
+        "cache), prepared once per generate call. Greedy tokens equal the model forward's; log-probs equal to "
+        "float rounding. Other models, LoRA or a GPU decode through the model's forward.",
+    )
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM KV-cache memory fraction.")
     val_temperature: float = Field(0.0, ge=0, description="Validation temperature; 0 = greedy.")

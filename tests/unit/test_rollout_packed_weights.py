@@ -69,7 +69,7 @@ def test_packed_weights_follow_an_update_between_generate_calls():
     """The pack is made per call: after an optimizer step the packed engine generates what an
     unpacked one does on the new weights (same greedy tokens; log-probs to float rounding)."""
     model = build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=0)
-    packed, plain = HFRolloutEngine(model, TOK), HFRolloutEngine(model, TOK, packed_weights=False)
+    packed, plain = HFRolloutEngine(model, TOK, fused_decode=False), HFRolloutEngine(model, TOK, packed_weights=False, fused_decode=False)
     ids, mask = prompts(["hello", "abc d"])
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=STOPS, n=2)
     before = packed.generate(ids, mask, greedy)
@@ -89,8 +89,8 @@ def test_sampled_rollout_equals_the_unpacked_engine(drop_finished_rows):
     model = build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=1).eval()
     ids, mask = prompts(["a", "hello there", "xyz"])
     sampling = SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.9, stop_token_ids=STOPS, n=4, seed=5)
-    a = HFRolloutEngine(model, TOK, drop_finished_rows=drop_finished_rows).generate(ids, mask, sampling)
-    b = HFRolloutEngine(model, TOK, drop_finished_rows=drop_finished_rows, packed_weights=False).generate(
+    a = HFRolloutEngine(model, TOK, drop_finished_rows=drop_finished_rows, fused_decode=False).generate(ids, mask, sampling)
+    b = HFRolloutEngine(model, TOK, drop_finished_rows=drop_finished_rows, packed_weights=False, fused_decode=False).generate(
         ids, mask, sampling)
     same = (a.response_ids == b.response_ids).all(-1)
     assert same.float().mean() >= 0.9  # a token flips only where a uniform sits at a CDF boundary

@@ -41,8 +41,9 @@ from workers.rollout.base import (
 from workers.rollout.compiled import CompiledDecodeStep
 from workers.rollout.decode import decode, pick_tokens, top_k_top_p_filter
 from workers.rollout.finished_rows import FinishedRows
+from workers.rollout.fused_decode import FusedDecoder, fused_decoder, why_not_fused
 from workers.rollout.packed_weights import packed_linears
-from workers.shared_prefix import forward_kwargs, shared_prompt_cache
+from workers.shared_prefix import forward_kwargs, shared_prompt_cache, unwrapped
 
 
 @dataclass
@@ -128,12 +129,16 @@ class HFRolloutEngine:
     ``compile_stats`` gives the shapes compiled so far and their first-call seconds.
     packed_weights: on a CPU, decode on oneDNN-packed float32 linear weights, packed once per
     call (:mod:`workers.rollout.packed_weights`, ``rollout.packed_weights``); not with compile.
-    ``packed_linears`` is the number of linears the last call packed.
+    ``packed_linears`` is the number of linears the last call packed. fused_decode: with
+    drop_finished_rows on a CPU, Llama-family models prefill and decode single-turn calls through
+    :class:`workers.rollout.fused_decode.FusedDecoder` (prepared once per call, instead of packing
+    the linears; ``rollout.fused_decode``); ``fused_decode_reason`` is None when the last call ran
+    fused, else why it did not.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64,
                  drop_finished_rows: bool = True, compile: bool = False,
-                 packed_weights: bool = True) -> None:  # fmt: skip
+                 packed_weights: bool = True, fused_decode: bool = True) -> None:  # fmt: skip
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; use hybridflow.models.prepare_tokenizer")
         self.model = model
@@ -145,13 +150,16 @@ class HFRolloutEngine:
         self.compiled_step = CompiledDecodeStep(model) if compile else None
         self.packed_weights = packed_weights and not compile
         self.packed_linears = 0
+        self.fused_decode = fused_decode and drop_finished_rows and not compile
+        self.fused_decode_reason: str | None = "no call yet"
+        self._fused: FusedDecoder | None = None
         self.decode_stats = {"row_steps": 0, "useful_row_steps": 0}
 
     @classmethod
     def from_config(cls, *, model: nn.Module, tokenizer: Any, model_cfg: Any, rollout_cfg: Any, device: Any = None):
         return cls(model, tokenizer, generation_batch_trajectories=rollout_cfg.generation_batch_trajectories,
                    drop_finished_rows=rollout_cfg.drop_finished_rows, compile=rollout_cfg.compile,
-                   packed_weights=rollout_cfg.packed_weights)
+                   packed_weights=rollout_cfg.packed_weights, fused_decode=rollout_cfg.fused_decode)
 
     @property
     def compile_stats(self) -> dict[str, float]:
@@ -180,7 +188,7 @@ class HFRolloutEngine:
             uniforms = torch.rand(rows, sampling.max_new_tokens, generator=gen)
         outputs = []
         self.decode_stats = {"row_steps": 0, "useful_row_steps": 0}
-        with self._generating(rows):
+        with self._generating(rows, fused=True):
             for start in range(0, rows, self.generation_batch_trajectories):
                 chunk = row_prompt[start : start + self.generation_batch_trajectories]
                 chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
@@ -209,11 +217,16 @@ class HFRolloutEngine:
         inverse = inverse.to(self.device)
         if self.drop_finished_rows and forward_kwargs(self.model)[0] is not None:
             with torch.no_grad():
-                extra = self._shared_prompt_cache(ids, mask, inverse)
                 on_finished = None if counter is None else (lambda k: counter.tick(counter.offset + k, counter.total))
+                extra, steps = {}, self._fused
+                if steps is not None:  # each distinct prompt prefilled once, inside the fused decoder
+                    steps.prefill(ids, mask, inverse, sampling.max_new_tokens)
+                else:
+                    extra = self._shared_prompt_cache(ids, mask, inverse)
                 res = decode(self.model, ids[inverse], mask[inverse], sampling,
                              None if uniforms is None else uniforms.to(self.device), self.pad_token_id,
-                             prefix_cache=extra, on_finished=on_finished, step=self.compiled_step)  # fmt: skip
+                             prefix_cache=extra, on_finished=on_finished, step=self.compiled_step,
+                             steps=steps)  # fmt: skip
             self._count_decode(res.row_steps, res.useful_row_steps)
             return finalize_responses(res.response_ids.cpu(), res.log_probs.cpu(), sampling.stop_token_ids,
                                       self.pad_token_id)  # fmt: skip
@@ -243,19 +256,32 @@ class HFRolloutEngine:
         return out
 
     @contextmanager
-    def _generating(self, rows: int) -> Iterator[None]:
-        """The model in eval mode for one generate call (its mode restored after), its linears on
-        packed weights when ``packed_weights`` (``packed_linears`` set to the number packed)."""
+    def _generating(self, rows: int, fused: bool = False) -> Iterator[None]:
+        """The model in eval mode for one generate call (its mode restored after); with ``fused``
+        (single-turn calls) a :class:`FusedDecoder` when ``fused_decode`` and the model allows it,
+        else its linears on packed weights when ``packed_weights`` (``packed_linears`` set to the
+        number packed). The fused decoder's weight copies and KV cache are dropped on exit."""
         was_training = self.model.training
         self.model.eval()
+        hint = min(rows, self.generation_batch_trajectories)
+        self.fused_decode_reason = "rollout.fused_decode is off (or compile / drop_finished_rows=false)"
+        if fused and self.fused_decode:
+            self.fused_decode_reason = ("the model is not on a CPU" if self.device.type != "cpu"
+                                        else why_not_fused(unwrapped(self.model)))  # fmt: skip
         try:
+            if fused and self.fused_decode and self.fused_decode_reason is None:
+                self._fused = fused_decoder(unwrapped(self.model), hint)
+                self.packed_linears = 0
+                yield
+                return
             if not self.packed_weights:
                 yield
                 return
-            with packed_linears(self.model, min(rows, self.generation_batch_trajectories)) as count:
+            with packed_linears(self.model, hint) as count:
                 self.packed_linears = count
                 yield
         finally:
+            self._fused = None
             self.model.train(was_training)
 
     def _count_decode(self, row_steps: int, useful: int) -> None:

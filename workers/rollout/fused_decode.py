@@ -1,0 +1,287 @@
+"""A fused CPU decode step for Llama-family causal LMs (``rollout.fused_decode``).
+
+At batch 32 a decode step of SmolLM2-135M spent about a third of its time outside the matrix
+products: transformers' decoder layer runs ~40 small ops per layer per step (RMSNorm as five
+elementwise ops, three q/k/v and two gate/up products, rotary as a ``cat`` of halves, a
+``torch.cat`` KV-cache append per layer, a 4-D mask rebuilt each step, residual adds), each a
+dispatch of a few microseconds on rows of 576 floats (docs/benchmarks.md, ``rollout``). Here the
+same step runs as a short loop over the layers on weights prepared once per generate call:
+
+* q, k and v projections as one product on a concatenated weight, gate and up as another
+  (vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear``), each on a weight reordered
+  once into oneDNN's blocked layout (as :mod:`workers.rollout.packed_weights`);
+* the o and down projections add the residual inside the product (oneDNN's binary ``add``
+  post-op, ``torch.ops.mkldnn._linear_pointwise.binary``); SiLU and the gate-up product are two
+  ops on the fused product's halves;
+* RMSNorm is ``torch.nn.functional.rms_norm`` (one op), rotary is applied to q and k together;
+* the KV cache is one buffer per layer ([rows, kv_heads, columns, head_dim], allocated for the
+  prompt plus ``GROW_COLUMNS`` and doubled when full) and each step writes its column in place
+  (no ``torch.cat``); finished rows are compacted to the front;
+* grouped-query attention runs without repeating keys: the query heads of one KV head are the
+  "query positions" of one ``scaled_dot_product_attention`` call over that head's keys.
+
+The arithmetic is transformers' ``LlamaDecoderLayer`` (``modeling_llama.py``): pre-norm
+attention and MLP with residuals, rotary from the model's own ``rotary_emb`` (so every RoPE
+scaling type it supports), scale ``head_dim ** -0.5``. Results differ from the unfused forward by
+float rounding only (another summation order in the products and the norm); the equality tests
+in tests/unit/test_rollout_fused_decode.py bound greedy tokens (equal) and log-probs.
+
+Supported: ``LlamaForCausalLM``, ``MistralForCausalLM`` (no sliding window) and
+``Qwen2ForCausalLM`` (q/k/v bias; no sliding window) with float32 CPU weights, SiLU MLPs, plain
+``nn.Linear`` projections (no LoRA or quantized layers), no forward hooks. Anything else
+returns None from :func:`fused_decoder` and decodes through the model's own forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hybridflow.algorithms.sequences import position_ids_from_mask
+from workers.rollout.packed_weights import available as packed_available
+
+_SUPPORTED = {"llama", "mistral", "qwen2"}
+GROW_COLUMNS = 128  # KV-cache columns allocated beyond the prompt at first; doubled when full
+
+
+@dataclass
+class _Layer:
+    norm_in: Tensor  # [H]
+    qkv: Tensor  # packed [(nh + 2 kvh) * D, H]
+    qkv_bias: Tensor | None
+    o: Tensor  # packed [H, nh * D]
+    norm_post: Tensor
+    gate_up: Tensor  # packed [2 I, H]
+    down: Tensor  # packed [H, I]
+
+
+def _plain_linear(module: object, bias: bool | None = False) -> bool:
+    w = getattr(module, "weight", None)
+    ok = (type(module) is nn.Linear and isinstance(w, Tensor) and type(w.data) is Tensor and w.dtype == torch.float32
+          and w.device.type == "cpu" and not module._forward_hooks and not module._forward_pre_hooks)  # fmt: skip
+    if not ok:
+        return False
+    return bias is None or (module.bias is not None) == bias
+
+
+def why_not_fused(model: nn.Module) -> str | None:
+    """None when :func:`fused_decoder` can run ``model``, else the reason it cannot (one line)."""
+    if not packed_available():
+        return "this torch build has no oneDNN linear kernels"
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in _SUPPORTED:
+        return f"model_type {kind!r} is not one of {sorted(_SUPPORTED)}"
+    if getattr(cfg, "use_sliding_window", False) or (kind == "mistral" and getattr(cfg, "sliding_window", None)):
+        return "sliding-window attention"
+    if getattr(cfg, "hidden_act", None) != "silu" or getattr(cfg, "mlp_bias", False):
+        return f"MLP with hidden_act={getattr(cfg, 'hidden_act', None)!r}, mlp_bias={getattr(cfg, 'mlp_bias', False)}"
+    if getattr(cfg, "pretraining_tp", 1) not in (1, None):
+        return "pretraining_tp > 1"
+    hooked = [name or type(model).__name__ for name, m in model.named_modules()
+              if m._forward_hooks or m._forward_pre_hooks]  # fmt: skip
+    if hooked:
+        return f"forward hooks on {hooked[0]} (they would not run)"
+    inner = getattr(model, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if inner is None or not all(hasattr(inner, n) for n in needed) or not _plain_linear(model.get_output_embeddings()):
+        return f"{type(model).__name__} is not a plain causal LM with model.{{{','.join(needed)}}} and an nn.Linear head"
+    qkv_bias = bool(getattr(cfg, "attention_bias", False)) or kind == "qwen2"
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or layer._forward_hooks or layer._forward_pre_hooks:
+            return f"layer {i} has hooks or no self_attn/mlp"
+        if any(not _plain_linear(getattr(attn, n, None), qkv_bias) for n in ("q_proj", "k_proj", "v_proj")):
+            return f"layer {i}: q/k/v projections are not plain float32 CPU nn.Linear (LoRA, quantized, or another device)"
+        if not _plain_linear(getattr(attn, "o_proj", None), None):
+            return f"layer {i}: o_proj is not a plain float32 CPU nn.Linear"
+        if any(not _plain_linear(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj")):
+            return f"layer {i}: MLP projections are not plain float32 CPU nn.Linear without bias"
+        if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+            return f"layer {i}: q/k norms (Qwen3-style) are not supported"
+    return None
+
+
+class FusedDecoder:
+    """Decode steps of one Llama-family model on weights prepared once (see the module docstring).
+
+    Build with :func:`fused_decoder` inside ``torch.no_grad``; the prepared weights are copies,
+    so build a new one after each weight update (the hf engine builds one per generate call).
+    """
+
+    def __init__(self, model: nn.Module, rows_hint: int) -> None:
+        cfg = model.config
+        inner = model.model
+        self.model = model
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.norm_final = inner.norm.weight.detach()
+        self.eps = float(cfg.rms_norm_eps)
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
+        self.hidden = int(cfg.hidden_size)
+        hint = max(1, int(rows_hint))
+
+        def pack(*weights: Tensor) -> Tensor:
+            w = weights[0] if len(weights) == 1 else torch.cat(weights, 0)
+            return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), hint)
+
+        self.layers: list[_Layer] = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            bias = None
+            if a.q_proj.bias is not None:
+                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach().contiguous()
+            self.layers.append(_Layer(
+                norm_in=layer.input_layernorm.weight.detach(),
+                qkv=pack(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), qkv_bias=bias,
+                o=pack(a.o_proj.weight),
+                norm_post=layer.post_attention_layernorm.weight.detach(),
+                gate_up=pack(m.gate_proj.weight, m.up_proj.weight), down=pack(m.down_proj.weight)))
+            if a.o_proj.bias is not None:
+                raise ValueError("fused decode: o_proj with bias is not supported")
+        self.eps_in = [float(layer.input_layernorm.variance_epsilon) for layer in inner.layers]
+        self.eps_post = [float(layer.post_attention_layernorm.variance_epsilon) for layer in inner.layers]
+        self.eps_final = float(inner.norm.variance_epsilon)
+        head = model.get_output_embeddings()
+        self.lm_head = pack(head.weight)
+        self.lm_bias = None if head.bias is None else head.bias.detach().contiguous()
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.mask: Tensor | None = None
+        self.length = 0  # columns of the cache filled
+        self.total = 0  # columns the call may fill (prompt + max new tokens)
+
+    def prefill(self, ids: Tensor, mask: Tensor, rows: Tensor | None, max_new_tokens: int) -> None:
+        """Compute the KV cache of the first L-1 columns of U distinct prompts once and give each
+        of N rows a copy of its prompt's; make room for the call's ``max_new_tokens`` decode steps
+        (the first feeds the prompt's last token, the last generated token is never fed).
+
+        ids / mask: [U, L] int64 / bool, left padded, every row ending in a real token; rows: [N]
+        int64, the prompt of each decode row (None: N = U, row r is prompt r). Positions come from
+        the mask, as in transformers' ``generate``. A padded query position attends to itself
+        too, so no attention row is empty (its outputs are never attended to by a real token).
+        The KV buffers start with room for ``GROW_COLUMNS`` new columns and double (holding only
+        the live rows) when full, so a long ``max_new_tokens`` costs memory only as rows reach it."""
+        u, cols = ids.shape
+        if not bool(mask[:, -1].all()):
+            raise ValueError("fused decode: every prompt row must end in a real token (left padding)")
+        rows = torch.arange(u, device=ids.device) if rows is None else rows
+        self.total = cols + max_new_tokens - 1
+        self._allocate(len(rows), min(self.total, cols + GROW_COLUMNS), ids.device)
+        self.mask[:, :cols] = mask.index_select(0, rows)
+        self.length = cols - 1
+        s = cols - 1
+        if s == 0:
+            return
+        d, nh, kvh = self.head_dim, self.heads, self.kv_heads
+        pre_mask = mask[:, :s]
+        positions = position_ids_from_mask(pre_mask)
+        causal = torch.ones((s, s), dtype=torch.bool, device=ids.device).tril_()
+        attend = (causal & pre_mask[:, None, :]) | torch.eye(s, dtype=torch.bool, device=ids.device)
+        attend = attend.unsqueeze(1)  # [U, 1, s, s]
+        h = F.embedding(ids[:, :s], self.embed).reshape(u * s, self.hidden)
+        cos, sin = self.rotary(h, positions)  # [U, s, D]
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, (self.hidden,), layer.norm_in, self.eps_in[i])
+            qkv = _linear(x, layer.qkv, layer.qkv_bias).view(u, s, nh + 2 * kvh, d)
+            qk = _rotate(qkv[:, :, : nh + kvh], cos, sin).transpose(1, 2)  # [U, nh + kvh, s, D]
+            k, v = qk[:, nh:], qkv[:, :, nh + kvh :].transpose(1, 2)
+            self.keys[i][:, :, :s] = k.index_select(0, rows)
+            self.values[i][:, :, :s] = v.index_select(0, rows)
+            out = F.scaled_dot_product_attention(qk[:, :nh], k, v, attn_mask=attend, scale=d**-0.5,
+                                                 enable_gqa=nh != kvh)  # fmt: skip
+            h = _binary(out.transpose(1, 2).reshape(u * s, nh * d), h, layer.o, "add")
+            h = self._mlp(h, layer, i)
+
+    def _allocate(self, n: int, columns: int, device: torch.device) -> None:
+        """Fresh KV buffers [n, kv_heads, columns, head_dim] per layer and a mask [n, columns]
+        (True beyond the prompt: every live row fills each new column)."""
+        shape = (n, self.kv_heads, columns, self.head_dim)
+        self.keys = [torch.empty(shape, dtype=torch.float32, device=device) for _ in self.layers]
+        self.values = [torch.empty(shape, dtype=torch.float32, device=device) for _ in self.layers]
+        self.mask = torch.ones((n, columns), dtype=torch.bool, device=device)
+
+    def _grow(self, n: int) -> None:
+        """Room for more columns: twice the current capacity (at most the call's total), holding
+        only the n live rows; the filled columns are copied over."""
+        t, keys, values, mask = self.length, self.keys, self.values, self.mask
+        self._allocate(n, min(self.total, 2 * keys[0].shape[2]), mask.device)
+        for old, new in zip((*keys, *values), (*self.keys, *self.values), strict=True):
+            new[:, :, :t] = old[:n, :, :t]
+        self.mask[:, :t] = mask[:n, :t]
+
+    def _mlp(self, h: Tensor, layer: _Layer, i: int) -> Tensor:
+        """h + down(silu(gate(x)) * up(x)) with x = RMSNorm(h); h [rows, H]."""
+        x = F.rms_norm(h, (self.hidden,), layer.norm_post, self.eps_post[i])
+        gu = _linear(x, layer.gate_up)
+        inter = gu.shape[1] // 2
+        return _binary(F.silu(gu[:, :inter]).mul_(gu[:, inter:]), h, layer.down, "add")
+
+    def keep_rows(self, stay: Tensor) -> None:
+        """Keep only cache rows ``stay`` ([k] int64, increasing), moved to the front, in place."""
+        k, t = len(stay), self.length
+        for buf in (*self.keys, *self.values):
+            buf[:k, :, :t] = buf[stay, :, :t]
+        self.mask[:k] = self.mask[stay]
+
+    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """One decode step for the first n cache rows: tokens [n] int64 and their positions [n]
+        int64 → logits [n, vocab] float32. Writes the tokens' keys/values at column ``length``."""
+        n, t, d = tokens.shape[0], self.length, self.head_dim
+        nh, kvh = self.heads, self.kv_heads
+        if t >= self.keys[0].shape[2]:
+            if t >= self.total:
+                raise ValueError(f"fused decode: a step past the {self.total} columns prefill made room for")
+            self._grow(n)
+        h = F.embedding(tokens, self.embed)  # [n, H]
+        cos, sin = self.rotary(h, positions.unsqueeze(1))  # [n, 1, D]
+        mask = self.mask[:n, None, None, : t + 1]
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, (self.hidden,), layer.norm_in, self.eps_in[i])
+            qkv = _linear(x, layer.qkv, layer.qkv_bias).view(n, nh + 2 * kvh, d)
+            qk = _rotate(qkv[:, : nh + kvh], cos, sin)  # [n, nh + kvh, D]
+            keys, values = self.keys[i], self.values[i]
+            keys[:n, :, t] = qk[:, nh:]
+            values[:n, :, t] = qkv[:, nh + kvh :]
+            # the query heads sharing a KV head are that head's query "positions" (no repeat_kv)
+            q = qk[:, :nh].reshape(n, kvh, nh // kvh, d)
+            out = F.scaled_dot_product_attention(q, keys[:n, :, : t + 1], values[:n, :, : t + 1], attn_mask=mask,
+                                                 scale=d**-0.5)  # fmt: skip
+            h = _binary(out.reshape(n, nh * d), h, layer.o, "add")
+            h = self._mlp(h, layer, i)
+        self.length = t + 1
+        h = F.rms_norm(h, (self.hidden,), self.norm_final, self.eps_final)
+        return _linear(h, self.lm_head, self.lm_bias)
+
+
+def _linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _binary(x: Tensor, other: Tensor, packed: Tensor, op: str) -> Tensor:
+    """x @ W.T (op) other in one oneDNN call (a post-op), W packed."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, None, op)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding of x [..., heads, D] with cos / sin broadcast over heads: transformers'
+    ``apply_rotary_pos_emb`` (x * cos + rotate_half(x) * sin), same ops in the same order."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+def fused_decoder(model: nn.Module, rows_hint: int) -> FusedDecoder | None:
+    """A :class:`FusedDecoder` for ``model``, or None when :func:`why_not_fused` names a reason."""
+    if why_not_fused(model) is not None:
+        return None
+    with torch.no_grad():
+        return FusedDecoder(model, rows_hint)
+
+
+__all__ = ["FusedDecoder", "fused_decoder", "why_not_fused"]
