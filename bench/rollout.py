@@ -17,6 +17,8 @@ probed between each cell's runs, so the limit is
 the machine's at the time (this box's peak moved from 130 to 196 GFLOP/s between two days);
 the limit from bench/results/peak.json is kept in the JSON as ``decode_limit_peak_json_tokens_per_s``.
 The limit counts decode FLOPs only while the measured time includes the prompt's prefill.
+The engine runs with its defaults (``rollout.fused_decode`` and ``rollout.packed_weights`` on);
+the JSON's ``engine`` entry says whether its last call ran fused (and why not, if not).
 Writes bench/results/rollout.json and the ``rollout`` table of docs/benchmarks.md.
 """
 
@@ -161,6 +163,8 @@ def measure(model_path: str, batches: list[int], lengths: list[int], repeats: in
         b, n = (int(x) for x in profile.split("x"))
         profile_cell(model, engine, prompts, b, n, pad, common.RESULTS_DIR / "rollout_profile.txt")
     return {"model": model_path, "repeats": repeats, "cells": cells, "skipped_cells": skipped,
+            "engine": {"fused_decode": engine.fused_decode_reason is None, "fused_decode_reason": engine.fused_decode_reason,
+                       "packed_linears": engine.packed_linears},
             "peak_used": None if not peak else {"peak_gflops": peak["peak_gflops"],
                                                 "read_gbs": peak["bandwidth"]["read_gbs"]}}
 
@@ -181,9 +185,14 @@ def render(res: dict) -> str:
          "hf / limit with the prompt's prefill"], rows)
     skipped = res.get("skipped_cells") or []
     note = f" Skipped for CPU time: {', '.join(f'{b}×{n}' for b, n in skipped)}." if skipped else ""
+    eng = res.get("engine")
+    path = ""
+    if eng:
+        path = (" The hf engine decoded through the fused step (`rollout.fused_decode`)." if eng["fused_decode"]
+                else f" The hf engine decoded through the model's forward ({eng['fused_decode_reason']}).")
     return "\n\n".join([
         common.measured_under(res["environment"]) + f" Model `{res['model']}`, {res['repeats']} alternating "
-        "runs per cell; tokens/s are medians." + note,
+        "runs per cell; tokens/s are medians." + path + note,
         table,
     ])
 

@@ -67,6 +67,7 @@ def test_rollout_smoke(tmp_path):
         assert c["decode_limit_tokens_per_s"] == pytest.approx(rollout.decode_limit(model, c["batch"], probed))
         assert c["call_limit_tokens_per_s"] < c["decode_limit_tokens_per_s"]
     assert "| 2 | 3 |" in rollout.render(res) and "(probed alongside)" in rollout.render(res)
+    assert res["engine"]["fused_decode"] and "through the fused step" in rollout.render(res)
 
 
 def test_bare_generate_makes_exactly_length_tokens():
@@ -141,6 +142,20 @@ def test_packed_weights_smoke(tmp_path):
     assert cell["greedy_identical_rows"] == [6, 6] and cell["greedy_max_log_prob_gap"] < 1e-4
     assert cell["identical_rows"][1] == 2 * 6 and cell["max_log_prob_gap_identical_rows"] < 1e-4
     assert "| 2 × 3 | 6 |" in packed_weights.render(json.loads(out.read_text()))
+
+
+def test_fused_decode_smoke(tmp_path):
+    from bench import fused_decode
+
+    out = tmp_path / "fused_decode.json"
+    assert fused_decode.main(["--model", "tiny", "--cells", "2x3x6", "--repeats", "2", "--out", str(out), "--no-docs"]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert len(cell["seconds"]["forward"]) == len(cell["seconds"]["fused"]) == 2
+    ratios = [f / g for f, g in zip(cell["seconds"]["forward"], cell["seconds"]["fused"], strict=True)]
+    assert cell["speedup"]["min"] == pytest.approx(min(ratios)) and cell["speedup"]["max"] == pytest.approx(max(ratios))
+    assert cell["greedy_identical_rows"] == [6, 6] and cell["greedy_max_log_prob_gap"] < 1e-4
+    assert cell["identical_rows"][1] == 2 * 6 and cell["max_log_prob_gap_identical_rows"] < 1e-4
+    assert "| 2 × 3 | 6 |" in fused_decode.render(json.loads(out.read_text()))
 
 
 def test_lm_head_smoke(tmp_path):

@@ -20,12 +20,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def _norms_off_one(model, seed=0):
-    """RMSNorm weights drawn from [0.5, 1.5) (they start at 1), so a mis-applied norm shows."""
+    """RMSNorm weights drawn from [0.5, 1.5) (they start at 1) and biases from N(0, 0.1²) (they
+    start at 0), so a mis-applied norm or bias shows."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
     return model.eval()
 
 
@@ -38,6 +41,15 @@ def _seeded(cls, cfg, seed=0):
 
 def llama(seed=0):  # 4 heads on 2 KV heads, tied head
     return _norms_off_one(build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=seed), seed)
+
+
+def llama_bias(seed=0):  # attention_bias: q/k/v and o biases
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      attention_bias=True, pad_token_id=2)  # fmt: skip
+    return _seeded(LlamaForCausalLM, cfg, seed)
 
 
 def qwen2(seed=0):  # q/k/v bias, 8 heads on 2 KV heads, untied head
@@ -62,7 +74,7 @@ def prompts(texts):
 TEXTS = ["abc", "hello there, how are you", "zz top", "q"]
 
 
-@pytest.mark.parametrize("build", [llama, qwen2, mistral])
+@pytest.mark.parametrize("build", [llama, llama_bias, qwen2, mistral])
 def test_prefill_and_steps_give_the_models_logits(build):
     """Teacher-forced: the fused prefill + steps give the logits of one full forward pass over the
     same left-padded sequences, at every real position after the prompt."""
@@ -94,8 +106,12 @@ def test_decode_equals_the_model_forward_loop(build, temperature, n):
     model = build()
     ids, mask = prompts(TEXTS)
     rows = torch.arange(len(TEXTS)).repeat_interleave(n)
-    sampling = SamplingParams(max_new_tokens=20, stop_token_ids=STOPS, n=n, seed=3, temperature=temperature)
-    uniforms = None if sampling.greedy else torch.rand(len(rows), 20, generator=torch.Generator().manual_seed(1))
+    uniforms = None if temperature == 0 else torch.rand(len(rows), 20, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # row 0's 6th token becomes a stop too, so at least one row leaves early
+        probe = decode(model, ids[rows], mask[rows], SamplingParams(max_new_tokens=20, n=n, temperature=temperature),
+                       uniforms, 2)  # fmt: skip
+    stops = (*STOPS, int(probe.response_ids[0, 5]))
+    sampling = SamplingParams(max_new_tokens=20, stop_token_ids=stops, n=n, seed=3, temperature=temperature)
     with torch.no_grad():
         ref = decode(model, ids[rows], mask[rows], sampling, uniforms, 2)
         dec = fused_decoder(model, len(rows))
@@ -148,6 +164,9 @@ def test_models_it_cannot_run_decode_through_their_forward():
     windowed = mistral()
     windowed.config.sliding_window = 8
     assert "sliding" in why_not_fused(windowed)
+    mixed = qwen2()
+    mixed.config.layer_types = ["full_attention", "sliding_attention"]
+    assert "sliding" in why_not_fused(mixed)
     # the engine falls back and says why
     ids, mask = prompts(["hello", "abc d"])
     engine = HFRolloutEngine(lora, TOK)

@@ -53,6 +53,7 @@ class _Layer:
     qkv: Tensor  # packed [(nh + 2 kvh) * D, H]
     qkv_bias: Tensor | None
     o: Tensor  # packed [H, nh * D]
+    o_bias: Tensor | None
     norm_post: Tensor
     gate_up: Tensor  # packed [2 I, H]
     down: Tensor  # packed [H, I]
@@ -75,7 +76,9 @@ def why_not_fused(model: nn.Module) -> str | None:
     kind = getattr(cfg, "model_type", None)
     if kind not in _SUPPORTED:
         return f"model_type {kind!r} is not one of {sorted(_SUPPORTED)}"
-    if getattr(cfg, "use_sliding_window", False) or (kind == "mistral" and getattr(cfg, "sliding_window", None)):
+    layer_types = set(getattr(cfg, "layer_types", None) or ())
+    if (getattr(cfg, "use_sliding_window", False) or (kind == "mistral" and getattr(cfg, "sliding_window", None))
+            or layer_types - {"full_attention"}):  # fmt: skip
         return "sliding-window attention"
     if getattr(cfg, "hidden_act", None) != "silu" or getattr(cfg, "mlp_bias", False):
         return f"MLP with hidden_act={getattr(cfg, 'hidden_act', None)!r}, mlp_bias={getattr(cfg, 'mlp_bias', False)}"
@@ -139,11 +142,9 @@ class FusedDecoder:
             self.layers.append(_Layer(
                 norm_in=layer.input_layernorm.weight.detach(),
                 qkv=pack(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), qkv_bias=bias,
-                o=pack(a.o_proj.weight),
+                o=pack(a.o_proj.weight), o_bias=None if a.o_proj.bias is None else a.o_proj.bias.detach().contiguous(),
                 norm_post=layer.post_attention_layernorm.weight.detach(),
                 gate_up=pack(m.gate_proj.weight, m.up_proj.weight), down=pack(m.down_proj.weight)))
-            if a.o_proj.bias is not None:
-                raise ValueError("fused decode: o_proj with bias is not supported")
         self.eps_in = [float(layer.input_layernorm.variance_epsilon) for layer in inner.layers]
         self.eps_post = [float(layer.post_attention_layernorm.variance_epsilon) for layer in inner.layers]
         self.eps_final = float(inner.norm.variance_epsilon)
@@ -196,7 +197,7 @@ class FusedDecoder:
             self.values[i][:, :, :s] = v.index_select(0, rows)
             out = F.scaled_dot_product_attention(qk[:, :nh], k, v, attn_mask=attend, scale=d**-0.5,
                                                  enable_gqa=nh != kvh)  # fmt: skip
-            h = _binary(out.transpose(1, 2).reshape(u * s, nh * d), h, layer.o, "add")
+            h = _binary(out.transpose(1, 2).reshape(u * s, nh * d), h, layer.o, "add", layer.o_bias)
             h = self._mlp(h, layer, i)
 
     def _allocate(self, n: int, columns: int, device: torch.device) -> None:
@@ -253,7 +254,7 @@ class FusedDecoder:
             q = qk[:, :nh].reshape(n, kvh, nh // kvh, d)
             out = F.scaled_dot_product_attention(q, keys[:n, :, : t + 1], values[:n, :, : t + 1], attn_mask=mask,
                                                  scale=d**-0.5)  # fmt: skip
-            h = _binary(out.reshape(n, nh * d), h, layer.o, "add")
+            h = _binary(out.reshape(n, nh * d), h, layer.o, "add", layer.o_bias)
             h = self._mlp(h, layer, i)
         self.length = t + 1
         h = F.rms_norm(h, (self.hidden,), self.norm_final, self.eps_final)
@@ -264,9 +265,9 @@ def _linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _binary(x: Tensor, other: Tensor, packed: Tensor, op: str) -> Tensor:
-    """x @ W.T (op) other in one oneDNN call (a post-op), W packed."""
-    return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, None, op)
+def _binary(x: Tensor, other: Tensor, packed: Tensor, op: str, bias: Tensor | None = None) -> Tensor:
+    """(x @ W.T + bias) (op) other in one oneDNN call (a post-op), W packed."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, bias, op)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
