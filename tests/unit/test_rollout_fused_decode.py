@@ -229,3 +229,41 @@ def test_a_step_past_the_room_prefill_made_raises():
         dec.step(ids[:, -1], pos)
         with pytest.raises(ValueError, match="past the"):
             dec.step(ids[:, -1], pos + 1)
+
+
+def test_what_the_fused_path_would_get_wrong_falls_back():
+    """Found by review: each of these would decode differently (or pointlessly) through the fused
+    step, so the engine takes the model's forward and says why."""
+    from peft import LoraConfig, PromptTuningConfig, get_peft_model
+
+    # a LoRA adapter on the embedding (the fused step reads embed_tokens.weight directly)
+    emb = get_peft_model(llama(), LoraConfig(r=2, target_modules=["embed_tokens"]))
+    assert "embed_tokens" in why_not_fused(emb.get_base_model())
+    # a subclass (or remote code declaring model_type llama) may change the math
+    sub = type("MyLlama", (type(llama()),), {})(llama().config)
+    assert "not transformers' LlamaForCausalLM" in why_not_fused(sub)
+    # torch.compile's wrapper: generate decodes it, so no fused weights are made for nothing
+    engine = HFRolloutEngine(torch.compile(llama()), TOK)
+    assert engine._why_not_fused() is not None
+    # CPU autocast would make the forward compute in bfloat16
+    engine = HFRolloutEngine(llama(), TOK)
+    assert engine._why_not_fused() is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "autocast" in engine._why_not_fused()
+    # a prompt-learning adapter's virtual tokens live outside the base model
+    prompt = get_peft_model(llama(), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
+    assert "prompt-learning" in HFRolloutEngine(prompt, TOK)._why_not_fused()
+
+
+def test_only_the_layers_the_forward_runs_are_fused():
+    """transformers runs the first config.num_hidden_layers layers; so does the fused step."""
+    model = mistral()
+    model.config.num_hidden_layers = 2  # of 3
+    ids, mask = prompts(TEXTS)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids_from_mask(mask)).logits
+        dec = fused_decoder(model, 4)
+        assert len(dec.layers) == 2
+        dec.prefill(ids, mask, None, 1)
+        got = dec.step(ids[:, -1], position_ids_from_mask(mask)[:, -1])
+    assert (got - ref[:, -1]).abs().max() < 1e-4

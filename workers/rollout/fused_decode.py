@@ -59,23 +59,54 @@ class _Layer:
     down: Tensor  # packed [H, I]
 
 
+def _plain_tensor(w: object) -> bool:
+    """A plain (not DTensor / quantized / meta) non-empty float32 CPU parameter."""
+    return (isinstance(w, Tensor) and type(w.data) is Tensor and w.numel() > 0 and w.dtype == torch.float32
+            and w.device.type == "cpu")  # fmt: skip
+
+
+def _plain(module: object, cls: type) -> bool:
+    """Exactly ``cls`` (no subclass, peft or quantized wrapper), no forward of its own on the
+    instance, no hooks, a plain float32 CPU weight."""
+    return (type(module) is cls and "forward" not in module.__dict__ and not module._forward_hooks
+            and not module._forward_pre_hooks and _plain_tensor(getattr(module, "weight", None)))  # fmt: skip
+
+
 def _plain_linear(module: object, bias: bool | None = False) -> bool:
-    w = getattr(module, "weight", None)
-    ok = (type(module) is nn.Linear and isinstance(w, Tensor) and type(w.data) is Tensor and w.dtype == torch.float32
-          and w.device.type == "cpu" and not module._forward_hooks and not module._forward_pre_hooks)  # fmt: skip
-    if not ok:
+    """:func:`_plain` ``nn.Linear``; bias: required (True), absent (False) or either (None)."""
+    if not _plain(module, nn.Linear):
+        return False
+    if module.bias is not None and not _plain_tensor(module.bias):
         return False
     return bias is None or (module.bias is not None) == bias
 
 
+def _classes(kind: str) -> tuple[type, ...]:
+    """transformers' (CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding) classes of ``kind``."""
+    import importlib
+
+    mod = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[kind]
+    return tuple(getattr(mod, f"{name}{part}") for part in ("ForCausalLM", "DecoderLayer", "RMSNorm", "RotaryEmbedding"))
+
+
 def why_not_fused(model: nn.Module) -> str | None:
-    """None when :func:`fused_decoder` can run ``model``, else the reason it cannot (one line)."""
+    """None when :func:`fused_decoder` can run ``model``, else the reason it cannot (one line).
+
+    Accepted: exactly transformers' ``LlamaForCausalLM`` / ``MistralForCausalLM`` /
+    ``Qwen2ForCausalLM`` (not a subclass or remote code declaring that model type), made of
+    that family's own decoder-layer, RMSNorm and rotary classes, plain ``nn.Embedding`` and
+    ``nn.Linear`` modules with float32 CPU weights, full attention, a SiLU MLP without bias, and
+    no forward hooks anywhere (a hook would not run)."""
     if not packed_available():
         return "this torch build has no oneDNN linear kernels"
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "model_type", None)
     if kind not in _SUPPORTED:
         return f"model_type {kind!r} is not one of {sorted(_SUPPORTED)}"
+    causal_lm, layer_cls, norm_cls, rotary_cls = _classes(kind)
+    if type(model) is not causal_lm:
+        return f"{type(model).__name__} is not transformers' {causal_lm.__name__} (a subclass or remote code)"
     layer_types = set(getattr(cfg, "layer_types", None) or ())
     if (getattr(cfg, "use_sliding_window", False) or (kind == "mistral" and getattr(cfg, "sliding_window", None))
             or layer_types - {"full_attention"}):  # fmt: skip
@@ -88,15 +119,20 @@ def why_not_fused(model: nn.Module) -> str | None:
               if m._forward_hooks or m._forward_pre_hooks]  # fmt: skip
     if hooked:
         return f"forward hooks on {hooked[0]} (they would not run)"
-    inner = getattr(model, "model", None)
-    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if inner is None or not all(hasattr(inner, n) for n in needed) or not _plain_linear(model.get_output_embeddings()):
-        return f"{type(model).__name__} is not a plain causal LM with model.{{{','.join(needed)}}} and an nn.Linear head"
+    inner = model.model
+    if not _plain(inner.embed_tokens, nn.Embedding) or getattr(inner.embed_tokens, "max_norm", None) is not None:
+        return "model.embed_tokens is not a plain float32 CPU nn.Embedding (LoRA, trainable tokens, quantized)"
+    if not _plain_linear(model.get_output_embeddings(), None):
+        return "the LM head is not a plain float32 CPU nn.Linear"
+    if type(inner.norm) is not norm_cls or type(inner.rotary_emb) is not rotary_cls:
+        return f"model.norm / model.rotary_emb are not {norm_cls.__name__} / {rotary_cls.__name__}"
     qkv_bias = bool(getattr(cfg, "attention_bias", False)) or kind == "qwen2"
-    for i, layer in enumerate(inner.layers):
+    for i, layer in enumerate(_run_layers(model)):
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if attn is None or mlp is None or layer._forward_hooks or layer._forward_pre_hooks:
-            return f"layer {i} has hooks or no self_attn/mlp"
+        if type(layer) is not layer_cls or attn is None or mlp is None:
+            return f"layer {i} is not a plain {layer_cls.__name__}"
+        if type(layer.input_layernorm) is not norm_cls or type(layer.post_attention_layernorm) is not norm_cls:
+            return f"layer {i}: norms are not {norm_cls.__name__}"
         if any(not _plain_linear(getattr(attn, n, None), qkv_bias) for n in ("q_proj", "k_proj", "v_proj")):
             return f"layer {i}: q/k/v projections are not plain float32 CPU nn.Linear (LoRA, quantized, or another device)"
         if not _plain_linear(getattr(attn, "o_proj", None), None):
@@ -106,6 +142,11 @@ def why_not_fused(model: nn.Module) -> str | None:
         if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
             return f"layer {i}: q/k norms (Qwen3-style) are not supported"
     return None
+
+
+def _run_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers transformers' forward runs: the first ``config.num_hidden_layers``."""
+    return list(model.model.layers[: model.config.num_hidden_layers])
 
 
 class FusedDecoder:
@@ -134,7 +175,8 @@ class FusedDecoder:
             return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), hint)
 
         self.layers: list[_Layer] = []
-        for layer in inner.layers:
+        layers = _run_layers(model)
+        for layer in layers:
             a, m = layer.self_attn, layer.mlp
             bias = None
             if a.q_proj.bias is not None:
@@ -145,8 +187,8 @@ class FusedDecoder:
                 o=pack(a.o_proj.weight), o_bias=None if a.o_proj.bias is None else a.o_proj.bias.detach().contiguous(),
                 norm_post=layer.post_attention_layernorm.weight.detach(),
                 gate_up=pack(m.gate_proj.weight, m.up_proj.weight), down=pack(m.down_proj.weight)))
-        self.eps_in = [float(layer.input_layernorm.variance_epsilon) for layer in inner.layers]
-        self.eps_post = [float(layer.post_attention_layernorm.variance_epsilon) for layer in inner.layers]
+        self.eps_in = [float(layer.input_layernorm.variance_epsilon) for layer in layers]
+        self.eps_post = [float(layer.post_attention_layernorm.variance_epsilon) for layer in layers]
         self.eps_final = float(inner.norm.variance_epsilon)
         head = model.get_output_embeddings()
         self.lm_head = pack(head.weight)

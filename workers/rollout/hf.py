@@ -266,8 +266,7 @@ class HFRolloutEngine:
         hint = min(rows, self.generation_batch_trajectories)
         self.fused_decode_reason = "rollout.fused_decode is off (or compile / drop_finished_rows=false)"
         if fused and self.fused_decode:
-            self.fused_decode_reason = ("the model is not on a CPU" if self.device.type != "cpu"
-                                        else why_not_fused(unwrapped(self.model)))  # fmt: skip
+            self.fused_decode_reason = self._why_not_fused()
         try:
             if fused and self.fused_decode and self.fused_decode_reason is None:
                 self._fused = fused_decoder(unwrapped(self.model), hint)
@@ -283,6 +282,19 @@ class HFRolloutEngine:
         finally:
             self._fused = None
             self.model.train(was_training)
+
+    def _why_not_fused(self) -> str | None:
+        """None when single-turn calls can decode through :class:`FusedDecoder`, else why not."""
+        if self.device.type != "cpu":
+            return "the model is not on a CPU"
+        if forward_kwargs(self.model)[0] is None:
+            return "the model's forward takes no KV cache argument (transformers' generate decodes it)"
+        if torch.is_autocast_enabled("cpu"):
+            return "CPU autocast is on"
+        peft_configs = getattr(self.model, "peft_config", None) or {}
+        if any(getattr(c, "is_prompt_learning", False) for c in peft_configs.values()):
+            return "a peft prompt-learning adapter (its virtual tokens live outside the base model)"
+        return why_not_fused(unwrapped(self.model))
 
     def _count_decode(self, row_steps: int, useful: int) -> None:
         self.decode_stats["row_steps"] += row_steps
