@@ -41,6 +41,8 @@ METRIC_NAMES: dict[str, str] = {
     # rollout.compile (workers/rollout/compiled.py): no verl name; cumulative over the engine's life (its pool)
     "rollout_compile_time_s": "rollout/compile_s",  # first-call seconds of every decode-step shape compiled so far
     "rollout_compiled_shapes": "rollout/compiled_shapes",
+    # rollout.fused_decode (workers/rollout/fused_decode.py): 1 when every rank's last call ran fused
+    "rollout_fused_decode": "rollout/fused_decode",
     "dropped_stale": "rollout/dropped_stale",  # trajectories older than the bound, dropped
     "regenerated_stale": "rollout/regenerated_stale",  # trajectories older than the bound, generated again
     "overlap_s": "async/overlap_s",  # seconds the rollout pool generated while the trainer's nodes ran

@@ -97,6 +97,13 @@ class Generation:
             worst = D.all_reduce_max(torch.tensor([compiled.compile_seconds, compiled.compiles], dtype=torch.float64))
             rows.meta["metrics"][METRIC_NAMES["rollout_compile_time_s"]] = float(worst[0])
             rows.meta["metrics"][METRIC_NAMES["rollout_compiled_shapes"]] = float(worst[1])
+        if hasattr(self.engine, "fused_decode_reason"):  # the hf engine: did single-turn calls run fused?
+            reason = self.engine.fused_decode_reason
+            fused = -D.all_reduce_max(torch.tensor([-float(reason is None)], dtype=torch.float64))
+            rows.meta["metrics"][METRIC_NAMES["rollout_fused_decode"]] = float(fused[0])
+            if reason is not None and reason != getattr(self, "_fused_reason_logged", None):
+                _log.info("rank %d: hf engine decodes through the model's forward: %s", self.rank, reason)
+                self._fused_reason_logged = reason
         _log.info("rank %d %s %d trajectories in %.1f s: %d stopped, %d at the length limit, mean length %.1f",
                   self.rank, "validated" if validate else "generated", n, time.perf_counter() - start,
                   sum(r == "stop" for r in out.finish_reason[:n]), sum(r == "length" for r in out.finish_reason[:n]),

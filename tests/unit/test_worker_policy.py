@@ -53,6 +53,8 @@ def test_compiled_rollout_reports_its_compile_time_once_per_worker():
     assert again.meta["metrics"]["rollout/compile_s"] == m["rollout/compile_s"]
     ref = eager.generate_sequences(prompt_batch(eager.tokenizer), seed=3)
     assert "rollout/compile_s" not in ref.meta["metrics"]
+    # the eager worker's tiny Llama decodes through the fused step; the compiled one does not
+    assert ref.meta["metrics"]["rollout/fused_decode"] == 1.0 and m["rollout/fused_decode"] == 0.0
     assert torch.equal(first["response_ids"], ref["response_ids"])
     assert torch.allclose(first["rollout_log_probs"], ref["rollout_log_probs"], atol=1e-5, rtol=0)
 

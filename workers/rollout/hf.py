@@ -264,8 +264,11 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         hint = min(rows, self.generation_batch_trajectories)
-        self.fused_decode_reason = "rollout.fused_decode is off (or compile / drop_finished_rows=false)"
-        if fused and self.fused_decode:
+        if not fused:
+            self.fused_decode_reason = "multi-turn calls (generate_continuing) decode with transformers' generate"
+        elif not self.fused_decode:
+            self.fused_decode_reason = "rollout.fused_decode is off (or rollout.compile, or drop_finished_rows=false)"
+        else:
             self.fused_decode_reason = self._why_not_fused()
         try:
             if fused and self.fused_decode and self.fused_decode_reason is None:
