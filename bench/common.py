@@ -321,6 +321,36 @@ def engine_pair_cell(model: Any, tok: Any, prompts: int, samples: int, tokens: i
     return cell, engines
 
 
+def engine_pair_line(cell: dict[str, Any], base: str, other: str) -> str:
+    """The progress line of an :func:`engine_pair_cell` cell."""
+    sp = cell["speedup"]
+    return (f"{base} {cell[base]['median']:.2f} s, {other} {cell[other]['median']:.2f} s, "
+            f"×{sp['median']:.2f} ({sp['min']:.2f}–{sp['max']:.2f}); greedy identical {cell['greedy_identical_rows']}")
+
+
+def engine_pair_table(res: dict[str, Any], base: str, other: str, labels: tuple[str, str], timing_note: str) -> str:
+    """The docs block of an :func:`engine_pair_cell` benchmark: the "Measured" line and one row per
+    cell. labels: the two sides' column names; timing_note: what the seconds include."""
+    rows = []
+    for c in res["cells"]:
+        sp = c["speedup"]
+        rows.append((f"{c['prompts']} × {c['samples']}", c["max_tokens"], f"{c[base]['median']:.2f}",
+                     f"{c[other]['median']:.2f}", f"{sp['median']:.2f} ({sp['min']:.2f}–{sp['max']:.2f})",
+                     f"{c['response_tokens'][base]} / {c['response_tokens'][other]}",
+                     f"{c['greedy_identical_rows'][0]} / {c['greedy_identical_rows'][1]} ({c['greedy_max_log_prob_gap']:.1e})",
+                     f"{c['identical_rows'][0]} / {c['identical_rows'][1]} ({c['max_log_prob_gap_identical_rows']:.1e})"))
+    a, b = labels
+    table = markdown_table(
+        ["prompts × samples", "max tokens", f"{a} s", f"{b} s", f"{a} ÷ {b}, median (min–max)",
+         f"response tokens {a} / {b}", "greedy identical rows (max Δ log-prob)",
+         "sampled identical rows (max Δ log-prob)"], rows)
+    return "\n\n".join([
+        measured_under(res["environment"]) + f" Model `{res['model']}`, temperature 1, EOS stop, "
+        f"{res['repeats']} alternating runs per side after a warm-up; seconds are medians, {timing_note}.",
+        table,
+    ])
+
+
 def measure_cells(model_path: str, cells: Sequence[tuple[int, int, int]], repeats: int,
                   run_cell: Callable[..., dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
     """Load ``model_path`` once and run ``run_cell(model, tok, p, s, t, repeats)`` per cell,

@@ -35,31 +35,13 @@ def run_cell(model, tok, prompts: int, samples: int, tokens: int, repeats: int) 
 
 
 def measure(model_path: str, cells: list[tuple[int, int, int]], repeats: int) -> dict:
-    return common.measure_cells(model_path, cells, repeats, run_cell, lambda cell: (
-        f"forward {cell['forward']['median']:.2f} s, fused {cell['fused']['median']:.2f} s, "
-        f"×{cell['speedup']['median']:.2f} ({cell['speedup']['min']:.2f}–{cell['speedup']['max']:.2f}); "
-        f"greedy identical {cell['greedy_identical_rows']}"))
+    return common.measure_cells(model_path, cells, repeats, run_cell,
+                                lambda cell: common.engine_pair_line(cell, "forward", "fused"))
 
 
 def render(res: dict) -> str:
-    rows = []
-    for c in res["cells"]:
-        rows.append((f"{c['prompts']} × {c['samples']}", c["max_tokens"], f"{c['forward']['median']:.2f}",
-                     f"{c['fused']['median']:.2f}",
-                     f"{c['speedup']['median']:.2f} ({c['speedup']['min']:.2f}–{c['speedup']['max']:.2f})",
-                     f"{c['response_tokens']['forward']} / {c['response_tokens']['fused']}",
-                     f"{c['greedy_identical_rows'][0]} / {c['greedy_identical_rows'][1]} ({c['greedy_max_log_prob_gap']:.1e})",
-                     f"{c['identical_rows'][0]} / {c['identical_rows'][1]} ({c['max_log_prob_gap_identical_rows']:.1e})"))
-    table = common.markdown_table(
-        ["prompts × samples", "max tokens", "forward (packed) s", "fused s", "forward ÷ fused, median (min–max)",
-         "response tokens forward / fused", "greedy identical rows (max Δ log-prob)",
-         "sampled identical rows (max Δ log-prob)"], rows)
-    return "\n\n".join([
-        common.measured_under(res["environment"]) + f" Model `{res['model']}`, temperature 1, EOS stop, "
-        f"{res['repeats']} alternating runs per side after a warm-up; seconds are medians, each side's weight "
-        "preparation (once per generate call) included.",
-        table,
-    ])
+    return common.engine_pair_table(res, "forward", "fused", ('forward (packed)', 'fused'),
+                                    "each side's weight preparation (once per generate call) included")
 
 
 def main(argv: list[str] | None = None) -> int:
