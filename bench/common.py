@@ -253,8 +253,19 @@ def model_flops_per_token(model: Any) -> dict[str, float]:
 
 
 def parse_cells(text: str) -> list[tuple[int, int, int]]:
-    """"4x8x48,2x8x128" → [(prompts, samples, max tokens), ...]."""
-    return [tuple(int(x) for x in c.lower().split("x")) for c in text.split(",") if c.strip()]  # type: ignore[misc]
+    """"4x8x48,2x8x128" → [(prompts, samples, max tokens), ...]. Raises ValueError naming the
+    cell that is not three positive integers joined by x."""
+    cells = []
+    for c in (c.strip() for c in text.split(",")):
+        if not c:
+            continue
+        parts = c.lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"cell {c!r}: expected PROMPTSxSAMPLESxTOKENS, three positive integers (e.g. 4x8x48)")
+        cells.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    if not cells:
+        raise ValueError(f"--cells {text!r} names no cell")
+    return cells
 
 
 def same_rows(a: Any, b: Any) -> tuple[int, int, float]:
@@ -373,12 +384,18 @@ def cells_main(name: str, doc: str, default_cells: str, measure: Callable[[str, 
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--model", default=DEMO_MODEL, help="model.path (default: the demo model)")
     p.add_argument("--cells", default=default_cells, help="comma-separated PROMPTSxSAMPLESxTOKENS cells")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per side (at least 1)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
+    try:
+        cells = parse_cells(args.cells)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: at least 1 timed run per side")
     set_threads(args.threads)
-    res = write_result_and_render(name, measure(args.model, parse_cells(args.cells), args.repeats), render,
+    res = write_result_and_render(name, measure(args.model, cells, args.repeats), render,
                                   out=args.out, docs=not args.no_docs)  # fmt: skip
     return 0 if res else 1

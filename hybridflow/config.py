@@ -193,8 +193,8 @@ class RolloutConfig(_Section):
     fused_decode: bool = Field(
         True, description="hf engine on a CPU, single-turn with drop_finished_rows: Llama-family models (llama, "
         "mistral, qwen2; float32, plain linears) prefill and decode through workers/rollout/fused_decode.py (fused "
-        "q/k/v and gate/up products on packed weights, residual adds inside the products, a preallocated KV "
-        "cache), prepared once per generate call. Greedy tokens equal the model forward's; log-probs equal to "
+        "q/k/v and gate/up products on packed weights, residual adds inside the products, a KV cache written in "
+        "place), prepared once per generate call. Greedy tokens equal the model forward's; log-probs equal to "
         "float rounding. Other models, LoRA or a GPU decode through the model's forward.",
     )
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size.")

@@ -158,6 +158,19 @@ def test_fused_decode_smoke(tmp_path):
     assert "| 2 × 3 | 6 |" in fused_decode.render(json.loads(out.read_text()))
 
 
+def test_cell_benchmarks_reject_bad_cells_and_repeats(capsys):
+    from bench import common, fused_decode
+
+    assert common.parse_cells("4x8x48, 2X8x128") == [(4, 8, 48), (2, 8, 128)]
+    for bad in ("2x2", "4x8x0", "axbxc", ","):
+        with pytest.raises(ValueError, match="cell|names no cell"):
+            common.parse_cells(bad)
+    for argv, words in [(["--cells", "2x2"], "PROMPTSxSAMPLESxTOKENS"), (["--repeats", "0"], "at least 1")]:
+        with pytest.raises(SystemExit) as exc:
+            fused_decode.main(["--model", "tiny", "--no-docs", *argv])
+        assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
 def test_lm_head_smoke(tmp_path):
     out = tmp_path / "lm_head.json"
     argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--repeats", "1", "--out", str(out), "--no-docs"]

@@ -244,7 +244,22 @@ def test_what_the_fused_path_would_get_wrong_falls_back():
     assert "not transformers' LlamaForCausalLM" in why_not_fused(sub)
     # torch.compile's wrapper: generate decodes it, so no fused weights are made for nothing
     engine = HFRolloutEngine(torch.compile(llama()), TOK)
-    assert engine._why_not_fused() is not None
+    assert "torch.compile" in engine._why_not_fused()
+    # another dtype is named as such
+    assert "bfloat16" in why_not_fused(llama().to(torch.bfloat16))
+    # what turned it off is named
+    ids, mask = prompts(["hello"])
+    greedy = SamplingParams(max_new_tokens=2, temperature=0.0, n=1)
+    for kwargs, words in [({"fused_decode": False}, "fused_decode is false"),
+                          ({"drop_finished_rows": False}, "drop_finished_rows is false"),
+                          ({"compile": True}, "rollout.compile is on")]:
+        off = HFRolloutEngine(llama(), TOK, **kwargs)
+        if "compile" not in kwargs:  # (a compiled generate call would compile; the reason is set per call)
+            off.generate(ids, mask, greedy)
+        else:
+            with off._generating(1, fused=True):
+                pass
+        assert words in off.fused_decode_reason
     # CPU autocast would make the forward compute in bfloat16
     engine = HFRolloutEngine(llama(), TOK)
     assert engine._why_not_fused() is None

@@ -115,6 +115,9 @@ def why_not_fused(model: nn.Module) -> str | None:
         return f"MLP with hidden_act={getattr(cfg, 'hidden_act', None)!r}, mlp_bias={getattr(cfg, 'mlp_bias', False)}"
     if getattr(cfg, "pretraining_tp", 1) not in (1, None):
         return "pretraining_tp > 1"
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()} - {"float32"})
+    if dtypes:
+        return f"weights in {', '.join(dtypes)}, not float32"
     hooked = [name or type(model).__name__ for name, m in model.named_modules()
               if m._forward_hooks or m._forward_pre_hooks]  # fmt: skip
     if hooked:

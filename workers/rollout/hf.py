@@ -151,6 +151,9 @@ class HFRolloutEngine:
         self.packed_weights = packed_weights and not compile
         self.packed_linears = 0
         self.fused_decode = fused_decode and drop_finished_rows and not compile
+        self._fused_off = ("rollout.fused_decode is false" if not fused_decode
+                           else "rollout.compile is on (the compiled step decodes)" if compile
+                           else "rollout.drop_finished_rows is false (transformers' generate decodes)")  # fmt: skip
         self.fused_decode_reason: str | None = "no call yet"
         self._fused: FusedDecoder | None = None
         self.decode_stats = {"row_steps": 0, "useful_row_steps": 0}
@@ -267,7 +270,7 @@ class HFRolloutEngine:
         if not fused:
             self.fused_decode_reason = "multi-turn calls (generate_continuing) decode with transformers' generate"
         elif not self.fused_decode:
-            self.fused_decode_reason = "rollout.fused_decode is off (or rollout.compile, or drop_finished_rows=false)"
+            self.fused_decode_reason = self._fused_off
         else:
             self.fused_decode_reason = self._why_not_fused()
         try:
@@ -290,6 +293,8 @@ class HFRolloutEngine:
         """None when single-turn calls can decode through :class:`FusedDecoder`, else why not."""
         if self.device.type != "cpu":
             return "the model is not on a CPU"
+        if hasattr(self.model, "_orig_mod"):
+            return "the model is wrapped by torch.compile (transformers' generate decodes it)"
         if forward_kwargs(self.model)[0] is None:
             return "the model's forward takes no KV cache argument (transformers' generate decodes it)"
         if torch.is_autocast_enabled("cpu"):
