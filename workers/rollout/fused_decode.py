@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from hybridflow.algorithms.sequences import position_ids_from_mask
 from workers.rollout.packed_weights import available as packed_available
+from workers.rollout.packed_weights import packable
 
 _SUPPORTED = {"llama", "mistral", "qwen2"}
 GROW_COLUMNS = 128  # KV-cache columns allocated beyond the prompt at first; doubled when full
@@ -73,8 +74,9 @@ def _plain(module: object, cls: type) -> bool:
 
 
 def _plain_linear(module: object, bias: bool | None = False) -> bool:
-    """:func:`_plain` ``nn.Linear``; bias: required (True), absent (False) or either (None)."""
-    if not _plain(module, nn.Linear):
+    """An ``nn.Linear`` that :mod:`workers.rollout.packed_weights` would pack, with a plain float32
+    CPU weight and bias; bias: required (True), absent (False) or either (None)."""
+    if not packable(module):
         return False
     if module.bias is not None and not _plain_tensor(module.bias):
         return False

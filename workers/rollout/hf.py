@@ -41,7 +41,7 @@ from workers.rollout.base import (
 from workers.rollout.compiled import CompiledDecodeStep
 from workers.rollout.decode import decode, pick_tokens, top_k_top_p_filter
 from workers.rollout.finished_rows import FinishedRows
-from workers.rollout.fused_decode import FusedDecoder, fused_decoder, why_not_fused
+from workers.rollout.fused_decode import FusedDecoder, why_not_fused
 from workers.rollout.packed_weights import packed_linears
 from workers.shared_prefix import forward_kwargs, shared_prompt_cache, unwrapped
 
@@ -275,7 +275,8 @@ class HFRolloutEngine:
             self.fused_decode_reason = self._why_not_fused()
         try:
             if fused and self.fused_decode and self.fused_decode_reason is None:
-                self._fused = fused_decoder(unwrapped(self.model), hint)
+                with torch.no_grad():  # _why_not_fused has checked the model
+                    self._fused = FusedDecoder(unwrapped(self.model), hint)
                 self.packed_linears = 0
                 yield
                 return

@@ -45,7 +45,9 @@ def available() -> bool:
                 and hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight"))  # fmt: skip
 
 
-def _packable(module: nn.Module) -> bool:
+def packable(module: nn.Module) -> bool:
+    """True for an exact ``nn.Linear`` with a plain, non-empty float32 CPU weight, no hooks and no
+    forward of its own (see the module docstring)."""
     w = getattr(module, "weight", None)
     return (
         type(module) is nn.Linear
@@ -84,7 +86,7 @@ def packed_linears(model: nn.Module, batch_hint: int) -> Iterator[int]:
         if available():
             hint = max(1, int(batch_hint))
             for module in model.modules():
-                if not _packable(module):
+                if not packable(module):
                     continue
                 with torch.no_grad():
                     packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), hint)
@@ -97,4 +99,4 @@ def packed_linears(model: nn.Module, batch_hint: int) -> Iterator[int]:
             module.__dict__.pop("forward", None)
 
 
-__all__ = ["available", "packed_linears"]
+__all__ = ["available", "packable", "packed_linears"]
