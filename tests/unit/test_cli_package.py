@@ -111,7 +111,7 @@ def fakes(monkeypatch):
     events: list[str] = []
 
     class Server:
-        url, home = "http://127.0.0.1:1/api", "/tmp/home"
+        url, home, proc = "http://127.0.0.1:1/api", "/tmp/home", "started by ensure_prefect_api"
 
         def stop(self):
             events.append("server.stop")
@@ -149,6 +149,41 @@ def test_services_starts_what_is_asked_and_stops_it_in_order(fakes, tmp_path):
                       "server.stop"]
     assert ray.shutdowns == 1 and not ray.up
     assert signal.getsignal(signal.SIGTERM) is handler  # restored
+
+
+def test_services_unsets_the_prefect_api_url_of_the_server_it_stopped(monkeypatch, tmp_path):
+    """ensure_prefect_api exports the URL of the server it starts; once that server is stopped the
+    variable goes (a Prefect settings copy re-reads the environment and would point at a dead server);
+    a URL the user gave stays."""
+    import os
+
+    import flows.runtime
+    import flows.services
+    from flows.services import services
+
+    class Server:
+        def __init__(self, url, proc):
+            self.url, self.home, self.proc = url, "/tmp/home", proc
+
+        def stop(self):
+            pass
+
+    def started(home):
+        os.environ["PREFECT_API_URL"] = "http://127.0.0.1:2/api"
+        return Server("http://127.0.0.1:2/api", proc="ours")
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(flows.services, "drain_prefect_services", lambda: None)
+    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", started)
+    with services(_cfg(tmp_path)):
+        assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:2/api"
+    assert "PREFECT_API_URL" not in os.environ
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:3/api")
+    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", lambda home: Server("http://127.0.0.1:3/api", None))
+    with services(_cfg(tmp_path)):
+        pass
+    assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:3/api"  # the user's server: not ours to forget
 
 
 def test_services_leaves_a_running_ray_and_skips_prefect_when_not_needed(fakes, tmp_path):

@@ -56,3 +56,24 @@ def test_iteration_subflows_run_without_their_own_heartbeat():
     with without_flow_heartbeats():
         assert get_current_settings() is inside  # the copy is built once per base settings
     assert get_current_settings() is before
+
+
+def test_the_heartbeat_free_copy_does_not_reread_the_environment(monkeypatch):
+    """Prefect's copy_with_update re-validates and picks up a PREFECT_API_URL exported after the base
+    settings were built; the subflows' copy must keep the parent's API."""
+    from prefect.context import SettingsContext, get_settings_context
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings
+
+    from flows.iteration import without_flow_heartbeats
+
+    ctx = get_settings_context()
+    base = ctx.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 60})  # a fresh base
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert base.copy_with_update().api.url == "http://127.0.0.1:9/api"  # what a re-validating copy does
+    with SettingsContext(profile=ctx.profile, settings=base), without_flow_heartbeats():
+        inside = get_current_settings()
+        assert inside.flows.heartbeat_frequency is None
+        assert inside.api.url == base.api.url != "http://127.0.0.1:9/api"
+        assert inside.model_dump(exclude={"flows"}) == base.model_dump(exclude={"flows"})
+        assert inside.flows.model_dump(exclude={"heartbeat_frequency"}) == base.flows.model_dump(
+            exclude={"heartbeat_frequency"})
