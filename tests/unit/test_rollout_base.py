@@ -17,7 +17,8 @@ from workers.rollout.base import (
     rollout_engine_names,
     sampling_params_from_config,
 )
-from workers.rollout.hf import HFRolloutEngine, RolloutSampler, top_k_top_p_filter
+from workers.rollout.hf import HFRolloutEngine, top_k_top_p_filter
+from workers.rollout.hf_sampler import RolloutSampler
 
 
 def test_sampling_params_validation_and_greedy_temperature():

@@ -10,7 +10,7 @@ from hybridflow.algorithms.sequences import position_ids_from_mask
 from hybridflow.models import build_tiny_model, build_tiny_tokenizer
 from workers.rollout.base import SamplingParams
 from workers.rollout.decode import ModelSteps, decode
-from workers.rollout.fused_decode import fused_decoder, why_not_fused
+from workers.rollout.fused_decode import fused_decoder, why_not_fused, why_not_fused_engine
 from workers.rollout.hf import HFRolloutEngine
 
 TOK = build_tiny_tokenizer()
@@ -243,8 +243,7 @@ def test_what_the_fused_path_would_get_wrong_falls_back():
     sub = type("MyLlama", (type(llama()),), {})(llama().config)
     assert "not transformers' LlamaForCausalLM" in why_not_fused(sub)
     # torch.compile's wrapper: generate decodes it, so no fused weights are made for nothing
-    engine = HFRolloutEngine(torch.compile(llama()), TOK)
-    assert "torch.compile" in engine._why_not_fused()
+    assert "torch.compile" in why_not_fused_engine(torch.compile(llama()))
     # another dtype is named as such
     assert "bfloat16" in why_not_fused(llama().to(torch.bfloat16))
     # what turned it off is named
@@ -261,13 +260,13 @@ def test_what_the_fused_path_would_get_wrong_falls_back():
                 pass
         assert words in off.fused_decode_reason
     # CPU autocast would make the forward compute in bfloat16
-    engine = HFRolloutEngine(llama(), TOK)
-    assert engine._why_not_fused() is None
+    plain = llama()
+    assert why_not_fused_engine(plain) is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert "autocast" in engine._why_not_fused()
+        assert "autocast" in why_not_fused_engine(plain)
     # a prompt-learning adapter's virtual tokens live outside the base model
     prompt = get_peft_model(llama(), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
-    assert "prompt-learning" in HFRolloutEngine(prompt, TOK)._why_not_fused()
+    assert "prompt-learning" in why_not_fused_engine(prompt)
 
 
 def test_only_the_layers_the_forward_runs_are_fused():

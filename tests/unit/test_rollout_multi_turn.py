@@ -305,8 +305,10 @@ def test_kv_cache_continuation_equals_prefilling_again(runner, monkeypatch):
 
     model = build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=1).eval()
     used = []
-    ready = HFRolloutEngine._ready_cache
-    monkeypatch.setattr(HFRolloutEngine, "_ready_cache", lambda self, *a: used.append(a[2]) or ready(self, *a))
+    import workers.rollout.hf as hf
+
+    ready = hf.ready_cache
+    monkeypatch.setattr(hf, "ready_cache", lambda model, *a: used.append(a[2]) or ready(model, *a))
     outs = {}
     for kv in (True, False):
         cfg = {"environment": f"{FIX}:AsyncEchoEnv", "max_response_tokens": 120,

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from hybridflow.algorithms.sequences import position_ids_from_mask
 from workers.rollout.packed_weights import available as packed_available
 from workers.rollout.packed_weights import packable
+from workers.shared_prefix import forward_kwargs, unwrapped
 
 _SUPPORTED = {"llama", "mistral", "qwen2"}
 GROW_COLUMNS = 128  # KV-cache columns allocated beyond the prompt at first; doubled when full
@@ -152,6 +153,26 @@ def why_not_fused(model: nn.Module) -> str | None:
         if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
             return f"layer {i}: q/k norms (Qwen3-style) are not supported"
     return None
+
+
+def why_not_fused_engine(model: nn.Module) -> str | None:
+    """:func:`why_not_fused` for a rollout engine's model, which may be wrapped (peft, DDP) or
+    compiled: None when its single-turn calls can decode through :class:`FusedDecoder`, else why
+    not (one line). Also falls back for a model off the CPU, a ``torch.compile`` wrapper, a forward
+    without a KV-cache argument, CPU autocast, and peft prompt-learning adapters (their virtual
+    tokens live outside the base model)."""
+    if next(model.parameters()).device.type != "cpu":
+        return "the model is not on a CPU"
+    if hasattr(model, "_orig_mod"):
+        return "the model is wrapped by torch.compile (transformers' generate decodes it)"
+    if forward_kwargs(model)[0] is None:
+        return "the model's forward takes no KV cache argument (transformers' generate decodes it)"
+    if torch.is_autocast_enabled("cpu"):
+        return "CPU autocast is on"
+    peft_configs = getattr(model, "peft_config", None) or {}
+    if any(getattr(c, "is_prompt_learning", False) for c in peft_configs.values()):
+        return "a peft prompt-learning adapter (its virtual tokens live outside the base model)"
+    return why_not_fused(unwrapped(model))
 
 
 def _run_layers(model: nn.Module) -> list[nn.Module]:
@@ -340,4 +361,4 @@ def fused_decoder(model: nn.Module, rows_hint: int) -> FusedDecoder | None:
         return FusedDecoder(model, rows_hint)
 
 
-__all__ = ["FusedDecoder", "fused_decoder", "why_not_fused"]
+__all__ = ["FusedDecoder", "fused_decoder", "why_not_fused", "why_not_fused_engine"]

@@ -1,32 +1,37 @@
-"""The transformers rollout engine: ``model.generate`` with KV cache, batched with left padding.
+"""The transformers rollout engine (``rollout.engine: hf``) on the trainer's own model object.
 
-Sampling happens inside one logits processor, so every step costs what plain ``generate``
-costs plus a log-softmax:
+Two decode paths, the same sampling and the same results up to float rounding:
 
-* it records log softmax(logits / T) of the *full* distribution (before top-k / top-p) and
-  gathers the chosen token's value one step later — the same quantity the trainer recomputes
-  (``hybridflow.algorithms.log_probs_from_logits(logits, ids, temperature=T)``); greedy uses T = 1;
-* it applies temperature, top-k, top-p and then picks the token by inverse-CDF sampling with
-  uniforms drawn up front from a ``torch.Generator(seed)`` — row r of the call uses row r of that
-  table, so results depend only on (seed, prompts, weights), not on how rows are chunked into
-  ``generation_batch_trajectories``, and the global RNG is untouched. It returns a one-hot
-  score row, so ``generate`` runs in greedy mode (``do_sample=False``) and takes that token.
+* single-turn calls (:meth:`HFRolloutEngine.generate`) run the engine's own decode loop
+  (:func:`workers.rollout.decode.decode`): each distinct prompt is prefilled once, a row leaves
+  the batch and its KV cache when it finishes, and on a CPU a Llama-family model decodes through
+  :class:`workers.rollout.fused_decode.FusedDecoder` (``rollout.fused_decode``), other models
+  through their forward on oneDNN-packed linears (``rollout.packed_weights``) or a compiled step
+  (``rollout.compile``);
+* multi-turn calls (:meth:`HFRolloutEngine.generate_continuing`, continuing each trajectory's
+  KV cache, :mod:`workers.rollout.kv_cache`) and ``rollout.drop_finished_rows: false`` run
+  transformers' ``generate`` with :class:`workers.rollout.hf_sampler.RolloutSampler` as its only
+  logits processor, under a clean GenerationConfig (the model's own, which may ask for sampling
+  or penalties, is swapped out for the call).
 
-``generate`` runs with a clean GenerationConfig (the model's own generation_config, which
-may ask for sampling or penalties, is swapped out for the call) and positions come from the
-attention mask, so left padding does not change a sequence's tokens or log-probs.
+Sampling (:func:`workers.rollout.decode.pick_tokens`) applies temperature, top-k and top-p and
+picks by inverse-CDF sampling with uniforms drawn up front from a ``torch.Generator(seed)``: row
+r of the call uses row r of that table, so results depend only on (seed, prompts, weights), not
+on how rows are chunked into ``generation_batch_trajectories``, and the global RNG is untouched.
+The log-prob recorded is log softmax(logits / T) of the *full* distribution (before top-k /
+top-p), what the trainer recomputes; greedy uses T = 1. Positions come from the attention mask,
+so left padding does not change a sequence's tokens or log-probs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from hybridflow.algorithms.sequences import position_ids_from_mask
 from workers.progress import Tick
@@ -39,77 +44,13 @@ from workers.rollout.base import (
     right_pad,
 )
 from workers.rollout.compiled import CompiledDecodeStep
-from workers.rollout.decode import decode, pick_tokens, top_k_top_p_filter
+from workers.rollout.decode import decode, top_k_top_p_filter
 from workers.rollout.finished_rows import FinishedRows
-from workers.rollout.fused_decode import FusedDecoder, why_not_fused
+from workers.rollout.fused_decode import FusedDecoder, why_not_fused_engine
+from workers.rollout.hf_sampler import RolloutSampler, clean_generation_config
+from workers.rollout.kv_cache import KVCache, ready_cache
 from workers.rollout.packed_weights import packed_linears
 from workers.shared_prefix import forward_kwargs, shared_prompt_cache, unwrapped
-
-
-@dataclass
-class KVCache:
-    """One trajectory's KV cache between turns: per layer (keys, values) [kv_heads, valid, head_dim]
-    of its first ``valid`` tokens (no padding)."""
-
-    layers: list[tuple[Tensor, Tensor]]
-    valid: int
-
-    def truncated(self, n: int) -> KVCache:
-        """The cache of the first ``n`` tokens (n ≥ valid returns self)."""
-        if n >= self.valid:
-            return self
-        return KVCache([(k[:, :n], v[:, :n]) for k, v in self.layers], max(n, 0))
-
-
-class RolloutSampler(LogitsProcessor):
-    """The only logits processor of a rollout ``generate`` call (see the module docstring).
-
-    uniforms: [N, max_new_tokens] float in [0, 1), row r = trajectory r (None when greedy).
-    After ``generate``, :meth:`log_probs` returns [N, R] float32 for the R generated steps.
-    """
-
-    def __init__(self, sampling: SamplingParams, prompt_len: int, uniforms: Tensor | None) -> None:
-        self.sampling = sampling
-        self.prompt_len = prompt_len
-        self.uniforms = uniforms
-        self._pending: Tensor | None = None  # log-probs of the latest step, awaiting its token
-        self._chosen: list[Tensor] = []
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        step = input_ids.shape[1] - self.prompt_len
-        if step > len(self._chosen):  # the previous step's token is now known
-            self._chosen.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
-        col = min(step, self.uniforms.shape[1] - 1) if self.uniforms is not None else 0  # a deferred extra step reuses the last
-        token, self._pending = pick_tokens(scores, self.sampling, None if self.uniforms is None else self.uniforms[:, col])
-        if self.sampling.greedy:
-            return scores
-        # generate hands us its own float32 copy of the logits (already consumed above): reuse it
-        return scores.fill_(float("-inf")).scatter_(1, token.unsqueeze(1), 0.0)
-
-    def log_probs(self, response_ids: Tensor) -> Tensor:
-        """[N, R] float32: the chosen tokens' log-probs, R = response_ids.shape[1]."""
-        steps = response_ids.shape[1]
-        if len(self._chosen) < steps:  # the last step's token was never fed back
-            self._chosen.append(self._pending.gather(1, response_ids[:, steps - 1 : steps]).squeeze(1))
-        if steps == 0:
-            return torch.zeros(response_ids.shape, dtype=torch.float32)
-        return torch.stack(self._chosen[:steps], dim=1).float()
-
-
-@contextmanager
-def _clean_generation_config(model: nn.Module) -> Iterator[None]:
-    """Swap the underlying HF model's generation_config for a default one during the call.
-
-    ``generate`` fills unset fields from ``model.generation_config`` (it may set do_sample,
-    top_k, repetition_penalty, ...); those would change the distribution we report.
-    """
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model
-    saved = target.generation_config
-    target.generation_config = GenerationConfig()
-    try:
-        yield
-    finally:
-        target.generation_config = saved
 
 
 @register_rollout_engine("hf")
@@ -242,7 +183,7 @@ class HFRolloutEngine:
             eos_token_id=list(sampling.stop_token_ids) or None,
             pad_token_id=self.pad_token_id,
         )
-        with _clean_generation_config(self.model), torch.no_grad():
+        with clean_generation_config(self.model), torch.no_grad():
             extra = self._shared_prompt_cache(ids, mask, inverse)
             seqs = self.model.generate(
                 input_ids=ids[inverse],
@@ -272,10 +213,10 @@ class HFRolloutEngine:
         elif not self.fused_decode:
             self.fused_decode_reason = self._fused_off
         else:
-            self.fused_decode_reason = self._why_not_fused()
+            self.fused_decode_reason = why_not_fused_engine(self.model)
         try:
             if fused and self.fused_decode and self.fused_decode_reason is None:
-                with torch.no_grad():  # _why_not_fused has checked the model
+                with torch.no_grad():  # why_not_fused_engine has checked the model
                     self._fused = FusedDecoder(unwrapped(self.model), hint)
                 self.packed_linears = 0
                 yield
@@ -289,21 +230,6 @@ class HFRolloutEngine:
         finally:
             self._fused = None
             self.model.train(was_training)
-
-    def _why_not_fused(self) -> str | None:
-        """None when single-turn calls can decode through :class:`FusedDecoder`, else why not."""
-        if self.device.type != "cpu":
-            return "the model is not on a CPU"
-        if hasattr(self.model, "_orig_mod"):
-            return "the model is wrapped by torch.compile (transformers' generate decodes it)"
-        if forward_kwargs(self.model)[0] is None:
-            return "the model's forward takes no KV cache argument (transformers' generate decodes it)"
-        if torch.is_autocast_enabled("cpu"):
-            return "CPU autocast is on"
-        peft_configs = getattr(self.model, "peft_config", None) or {}
-        if any(getattr(c, "is_prompt_learning", False) for c in peft_configs.values()):
-            return "a peft prompt-learning adapter (its virtual tokens live outside the base model)"
-        return why_not_fused(unwrapped(self.model))
 
     def _count_decode(self, row_steps: int, useful: int) -> None:
         self.decode_stats["row_steps"] += row_steps
@@ -357,12 +283,12 @@ class HFRolloutEngine:
             mask[r, :p] = False
         ids, mask = ids.to(self.device), mask.to(self.device)
         cut = min(width - 1, *(p + (c.valid if c is not None else 0) for p, c in zip(pads, caches, strict=True)))
-        extra = self._ready_cache(caches, pads, cut) if cut > 0 else {}
+        extra = ready_cache(self.model, caches, pads, cut) if cut > 0 else {}
         sampler = RolloutSampler(sampling, width, uniforms)
         config = GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=False, num_beams=1, use_cache=True,
                                   eos_token_id=list(sampling.stop_token_ids) or None, pad_token_id=self.pad_token_id,
                                   return_dict_in_generate=True)  # fmt: skip
-        with _clean_generation_config(self.model), torch.no_grad():
+        with clean_generation_config(self.model), torch.no_grad():
             gen = self.model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config,
                                       logits_processor=LogitsProcessorList([sampler]), **extra)  # fmt: skip
         response = gen.sequences[:, width:].cpu()
@@ -379,28 +305,6 @@ class HFRolloutEngine:
             kv = [(lay.keys[r, :, p:end].clone(), lay.values[r, :, p:end].clone()) for lay in layers]
             new.append(KVCache(kv, end - p))
         return out, new
-
-    def _ready_cache(self, caches: list[KVCache | None], pads: list[int], cut: int) -> dict[str, Any]:
-        """A DynamicCache of the first ``cut`` columns of the left-padded rows (zeros on padding,
-        masked out anyway), as the ``generate`` kwarg the model takes; {} when no row has a cache."""
-        from transformers.cache_utils import DynamicCache
-
-        name, _ = forward_kwargs(self.model)
-        ref = next((c for c in caches if c is not None), None)
-        if name is None or ref is None:
-            return {}
-        cache = DynamicCache()
-        for layer, (k0, v0) in enumerate(ref.layers):
-            ks, vs = [], []
-            for c, p in zip(caches, pads, strict=True):
-                lead = min(p, cut)
-                zk = k0.new_zeros((k0.shape[0], lead, k0.shape[2]))
-                zv = v0.new_zeros((v0.shape[0], lead, v0.shape[2]))
-                take = cut - lead
-                ks.append(torch.cat([zk, c.layers[layer][0][:, :take]], 1) if take else zk)
-                vs.append(torch.cat([zv, c.layers[layer][1][:, :take]], 1) if take else zv)
-            cache.update(torch.stack(ks), torch.stack(vs), layer)
-        return {name: cache}
 
     def _shared_prompt_cache(self, ids: Tensor, mask: Tensor, inverse: Tensor) -> dict[str, Any]:
         """Prefill each distinct prompt once and give every trajectory a copy of its KV cache.
@@ -452,4 +356,4 @@ def _weights_by_name(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-__all__ = ["HFRolloutEngine", "KVCache", "RolloutSampler", "top_k_top_p_filter"]
+__all__ = ["HFRolloutEngine", "top_k_top_p_filter"]
