@@ -190,3 +190,16 @@ def test_each_prompt_is_prefilled_once_and_samples_match_unshared_generation(mod
     assert torch.allclose(shared.rollout_log_probs, plain.rollout_log_probs, atol=1e-5, rtol=0)
     ref = recompute(model, ids, mask, shared, 4, 1.0)
     assert (shared.rollout_log_probs - ref).abs().max().item() < 1e-4
+
+
+def test_prompts_without_a_real_token_are_rejected_by_row(model):
+    """A prompt row whose mask is all False (or a prompt tensor of zero columns) would index past
+    the prompt in the decode loop; the engine names the rows instead."""
+    engine = HFRolloutEngine(model, TOK)
+    ids, mask = prompts(["hi", "hello"])
+    mask[1] = False
+    sampling = SamplingParams(max_new_tokens=2, temperature=0.0, n=1)
+    with pytest.raises(ValueError, match=r"prompt rows \[1\] have no real token"):
+        engine.generate(ids, mask, sampling)
+    with pytest.raises(ValueError, match=r"prompt rows \[0, 1\] have no real token"):
+        engine.generate(ids[:, :0], mask[:, :0], sampling)

@@ -123,6 +123,10 @@ class HFRolloutEngine:
         and after each chunk of ``generation_batch_trajectories`` rows."""
         if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
             raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)}")
+        empty = (~prompt_mask.bool().any(1)).nonzero().flatten().tolist() if prompt_ids.shape[1] else list(range(len(prompt_ids)))
+        if empty:
+            raise ValueError(f"prompt rows {empty[:8]}{' ...' if len(empty) > 8 else ''} have no real token "
+                             "(prompt_mask all False); every prompt needs at least one token")
         rows = prompt_ids.shape[0] * sampling.n
         row_prompt = torch.arange(prompt_ids.shape[0]).repeat_interleave(sampling.n)  # trajectory → prompt
         uniforms = None
