@@ -104,7 +104,7 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
             if server is not None:
                 drain_prefect_services()
                 server.stop()
-                if server.proc is not None and os.environ.get("PREFECT_API_URL") == server.url:
+                if getattr(server, "proc", None) is not None and os.environ.get("PREFECT_API_URL") == server.url:
                     del os.environ["PREFECT_API_URL"]  # set by ensure_prefect_api for the server now stopped
             sys.stdout.flush()
             if previous is not None:
