@@ -62,12 +62,16 @@ def test_the_heartbeat_free_copy_does_not_reread_the_environment(monkeypatch):
     """Prefect's copy_with_update re-validates and picks up a PREFECT_API_URL exported after the base
     settings were built; the subflows' copy must keep the parent's API."""
     from prefect.context import SettingsContext, get_settings_context
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings
+    from prefect.settings import Settings, get_current_settings
 
     from flows.iteration import without_flow_heartbeats
 
     ctx = get_settings_context()
-    base = ctx.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 60})  # a fresh base
+    # a base built from the environment without PREFECT_API_URL (not the ambient settings, which an
+    # earlier test may have given an explicit API URL), as the CLI's settings are before it starts a server
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    base = Settings()
+    assert base.api.url is None and base.flows.heartbeat_frequency is not None
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     assert base.copy_with_update().api.url == "http://127.0.0.1:9/api"  # what a re-validating copy does
     with SettingsContext(profile=ctx.profile, settings=base), without_flow_heartbeats():
