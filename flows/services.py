@@ -89,6 +89,7 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
     if reaper:
         runtime.start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
     server = None
+    api_url_before = os.environ.get("PREFECT_API_URL")  # unset: ensure_prefect_api exports its server's
     try:
         if prefect:
             server = runtime.ensure_prefect_api(prefect_home or default_prefect_home(cfg))
@@ -104,8 +105,8 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
             if server is not None:
                 drain_prefect_services()
                 server.stop()
-                if getattr(server, "proc", None) is not None and os.environ.get("PREFECT_API_URL") == server.url:
-                    del os.environ["PREFECT_API_URL"]  # set by ensure_prefect_api for the server now stopped
+                if not api_url_before and os.environ.get("PREFECT_API_URL") == server.url:
+                    del os.environ["PREFECT_API_URL"]  # exported by ensure_prefect_api for the server now stopped
             sys.stdout.flush()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
