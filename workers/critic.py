@@ -47,7 +47,7 @@ def response_values(model: nn.Module, batch: Batch) -> Tensor:
 class CriticWorker:
     """Value model on one data-parallel rank of the critic's pool (DDP or FSDP2)."""
 
-    progress: ProgressSink = NO_PROGRESS  # a pool rank gets a FileProgress (workers.pool.WorkerHost)
+    progress: ProgressSink = NO_PROGRESS  # a pool rank gets a FileProgress (workers.host.WorkerHost)
 
     def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size

@@ -50,7 +50,7 @@ class Generation:
     """``generate_sequences`` for a worker with a rollout engine (see the module docstring)."""
 
     weights_version: int
-    progress: ProgressSink = NO_PROGRESS  # a pool rank gets a FileProgress (workers.pool.WorkerHost)
+    progress: ProgressSink = NO_PROGRESS  # a pool rank gets a FileProgress (workers.host.WorkerHost)
 
     @dispatch("dp_scatter")
     def generate_sequences(self, batch: Batch, *, seed: int, validate: bool = False) -> Batch:

@@ -3,7 +3,7 @@
 A pool rank is a plain Ray actor: Prefect's run logger does not work there, and in quiet mode
 (``ray.init(log_to_driver=False)``, :func:`flows.console.ray_init_options`) its stdout/stderr
 go only to Ray's session logs. So each rank tees its Python-level output (:func:`install`,
-called once by :class:`workers.pool.WorkerHost`): ``sys.stdout``/``sys.stderr`` keep writing
+called once by :class:`workers.host.WorkerHost`): ``sys.stdout``/``sys.stderr`` keep writing
 where they wrote (Ray's log files, or the driver's console with ``-v``) and, while a call runs
 on that thread (:func:`captured`), a copy of the text is kept. ``WorkerHost.call_logged``
 returns those lines with the result, and :func:`workers.handles.call_ranks` re-emits them in
@@ -112,7 +112,7 @@ def clip(lines: list[str]) -> list[str]:
 
 
 class LoggedCalls:
-    """Mixin of :class:`workers.pool.WorkerHost` (which has ``call``): ``call_logged`` = ``call``
+    """Mixin of :class:`workers.host.WorkerHost` (which has ``call``): ``call_logged`` = ``call``
     + the lines it printed."""
 
     def call_logged(self, role: str, method: str, *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:

@@ -9,7 +9,8 @@ import torch
 
 from tests.unit._worker_helpers import tiny_cfg
 from workers.checkpoint import begin_save, checkpoint_name, commit_save
-from workers.pool import WorkerHost, read_pool_events
+from workers.host import WorkerHost
+from workers.pool import read_pool_events
 
 
 def _host(cfg, ckpt_root: str | None) -> WorkerHost:

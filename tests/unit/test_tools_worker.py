@@ -125,7 +125,7 @@ def test_tools_pool_config_errors_are_one_line(change, needle):
 def test_a_tools_rank_is_ready_at_once_without_a_process_group():
     """Ranks of a multi-rank tools pool build their ToolsWorker in __init__ (no torch.distributed
     group to join), so a rank Ray restarts serves again by itself."""
-    from workers.pool import WorkerHost
+    from workers.host import WorkerHost
 
     cfg = tools_cfg(multi_turn={"num_workers": 1})
     host = WorkerHost(cfg.model_dump(mode="json"), "tools", 1, 2, None)
