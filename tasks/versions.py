@@ -30,6 +30,7 @@ from hybridflow.batch import BatchRef
 from tasks.common import RunContext
 from tasks.layout import ledger_name
 from tasks.types import UpdateResult
+from workers.outcome import UpdateOutcome
 
 # role -> (worker update method, metric prefix)
 TRAINED_ROLES = {"policy": ("update_policy", "actor"), "critic": ("update_critic", "critic")}
@@ -67,9 +68,14 @@ def weights_version(handle: Any) -> int:
     return versions.pop()
 
 
-def _update(handle: Any, role: str, ref: BatchRef, expected_version: int) -> dict[str, float]:
-    method = getattr(handle, TRAINED_ROLES[role][0])
-    return method(ref.load(), expected_version=expected_version, batch_id=ref.checksum)
+def _update(handle: Any, role: str, ref: BatchRef, expected_version: int) -> UpdateOutcome:
+    """The role's update on ``ref``'s batch at ``expected_version`` (the worker's exactly-once call)."""
+    batch, kwargs = ref.load(), {"expected_version": expected_version, "batch_id": ref.checksum}
+    if role == "policy":
+        return handle.update_policy(batch, **kwargs)
+    if role == "critic":
+        return handle.update_critic(batch, **kwargs)
+    raise ValueError(f"{role!r} is not a trained role ({', '.join(TRAINED_ROLES)})")
 
 
 def sync_to_version(run: RunContext, role: str, handle: Any, expected_version: int | None, *,
@@ -102,13 +108,12 @@ def apply_update(run: RunContext, role: str, handle: Any, batch_ref: BatchRef, e
     brought to it first, :func:`sync_to_version`) and record it in the ledger. Returns the UpdateResult:
     ``applied`` False when every optimizer step was skipped (NaN/inf), ``version`` after it."""
     sync_to_version(run, role, handle, expected_version, for_update=True)
-    prefix = TRAINED_ROLES[role][1]
-    metrics = _update(handle, role, batch_ref, expected_version)
-    applied = not metrics.get(f"{prefix}/update_skipped", 0.0)
+    outcome = _update(handle, role, batch_ref, expected_version)
+    applied = outcome.applied
     if applied and expected_version not in {e["version_before"] for e in read_ledger(run.run_dir, role)}:
         _append_ledger(run.run_dir, role, {"version_before": expected_version, "iteration": run.iteration,
                                            "ref": batch_ref.to_dict()})
-    return UpdateResult(node=f"update_{role}", metrics=metrics, applied=applied,
+    return UpdateResult(node=f"update_{role}", metrics=dict(outcome.metrics), applied=applied,
                         version=expected_version + 1 if applied else expected_version)
 
 

@@ -21,6 +21,7 @@ from workers import checkpoint as C
 from workers import distributed as D
 from workers.dispatch import dispatch
 from workers.micro_batches import chunked_inference, disable_dropout
+from workers.outcome import UpdateOutcome
 from workers.policy import check_versions_agree
 from workers.progress import NO_PROGRESS, ProgressSink
 from workers.shared_prefix import attention_mask
@@ -85,8 +86,9 @@ class CriticWorker:
         return out
 
     @dispatch("dp_scatter")
-    def update_critic(self, batch: Batch, *, expected_version: int, batch_id: str) -> dict[str, float]:
-        """Exactly-once clipped value-loss update (needs response_mask, values, returns).
+    def update_critic(self, batch: Batch, *, expected_version: int, batch_id: str) -> UpdateOutcome:
+        """Exactly-once clipped value-loss update (needs response_mask, values, returns); returns the
+        :class:`~workers.outcome.UpdateOutcome` (``applied``: the decision; its metrics below).
 
         Metrics (averaged over ranks): critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean,
         critic/grad_norm, critic/lr, critic/bad_updates, critic/update_skipped. Raises
@@ -95,12 +97,12 @@ class CriticWorker:
         check_versions_agree(self.versions.weights_version, "critic")
         return self.versions.run(expected_version, batch_id, lambda: self._update(batch))
 
-    def _update(self, batch: Batch) -> dict[str, float]:
+    def _update(self, batch: Batch) -> UpdateOutcome:
         missing = [k for k in ("response_mask", "values", "returns") if k not in batch]
         if missing:
             raise BatchError(f"update_critic: batch lacks {missing} (has {batch.keys()})")
         c = self.cfg.critic
-        return self.optim.update(
+        return self.optim.apply(
             batch, self._micro_loss, mini_batch_trajectories=c.mini_batch_trajectories,
             micro_batch_trajectories=c.micro_batch_trajectories, epochs=c.ppo_epochs, loss_agg_mode=c.loss_agg_mode,
             max_response_tokens=self.cfg.rollout.max_response_tokens, progress=self.progress.tick("updating critic"),

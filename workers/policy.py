@@ -38,6 +38,7 @@ from workers.dispatch import dispatch
 from workers.generation import RANK_SEED_STRIDE, Generation  # noqa: F401 (RANK_SEED_STRIDE re-exported)
 from workers.log_probs import LogprobGap, sequence_log_probs
 from workers.micro_batches import chunked_inference, disable_dropout
+from workers.outcome import UpdateOutcome
 from workers.rollout.multi_turn import MultiTurnRollout
 from workers.training import (
     MicroResult,
@@ -178,8 +179,9 @@ class PolicyWorker(Generation, WeightPublisher):
         return out
 
     @dispatch("dp_scatter")
-    def update_policy(self, batch: Batch, *, expected_version: int, batch_id: str) -> dict[str, float]:
-        """Exactly-once policy update (see :class:`workers.training.VersionedUpdates`).
+    def update_policy(self, batch: Batch, *, expected_version: int, batch_id: str) -> UpdateOutcome:
+        """Exactly-once policy update (see :class:`workers.training.VersionedUpdates`); returns the
+        :class:`~workers.outcome.UpdateOutcome` (``applied``: the decision; its metrics below).
 
         Needs response_mask, old_log_probs, advantages (+ ref_log_probs with actor.use_kl_loss,
         + rollout_log_probs with actor.rollout_correction).
@@ -197,7 +199,7 @@ class PolicyWorker(Generation, WeightPublisher):
         check_versions_agree(self.versions.weights_version, "policy")
         return self.versions.run(expected_version, batch_id, lambda: self._update(batch))
 
-    def _update(self, batch: Batch) -> dict[str, float]:
+    def _update(self, batch: Batch) -> UpdateOutcome:
         a = self.cfg.actor
         needed = ["response_mask", "old_log_probs", "advantages"] + (["ref_log_probs"] if a.use_kl_loss else [])
         missing = [k for k in needed if k not in batch]
@@ -216,13 +218,14 @@ class PolicyWorker(Generation, WeightPublisher):
         self._gap = LogprobGap() if measure_gap else None
         self._gap_before_step = self.optim.steps_applied
         self._padding = is_padding(batch)  # a stand-in's zero-weight passes are not measured
-        metrics = self.optim.update(
+        outcome = self.optim.apply(
             batch, self._micro_loss,
             mini_batch_trajectories=a.mini_batch_trajectories, micro_batch_trajectories=a.micro_batch_trajectories,
             epochs=a.ppo_epochs, loss_agg_mode=a.loss_agg_mode, max_response_tokens=self.cfg.rollout.max_response_tokens,
             shuffle_seed=self.cfg.trainer.seed + self.versions.weights_version if a.shuffle else None,
             progress=self.progress.tick("updating policy"),
         )
+        metrics = dict(outcome.metrics)
         if a.use_kl_loss:
             metrics["actor/kl_coef"] = a.kl_loss_coef
         if self._gap is not None:
@@ -231,9 +234,9 @@ class PolicyWorker(Generation, WeightPublisher):
         metrics["perf/total_num_tokens"] = float(D.all_reduce_sum(torch.tensor([tokens], dtype=torch.float64)))
         metrics["perf/num_params"] = float(sum(p.numel() for p in D.unwrap(self.model).parameters()))
         metrics["perf/num_devices"] = float(self.world_size)
-        if not metrics["actor/update_skipped"]:
+        if outcome.applied:
             self._sync_rollout_weights()
-        return metrics
+        return UpdateOutcome(outcome.applied, metrics)
 
     def _micro_loss(self, model: nn.Module, mb: Batch, plan: Any) -> MicroResult:
         a = self.cfg.actor

@@ -39,6 +39,7 @@ from hybridflow.algorithms.aggregation import MicroBatch, accumulation_plan
 from hybridflow.batch import Batch, is_padding
 from workers import distributed as D
 from workers.micro_batches import by_length
+from workers.outcome import UpdateOutcome
 from workers.progress import Countdown, Tick
 
 _log = logging.getLogger(__name__)
@@ -156,7 +157,11 @@ class Optimization:
         self.steps_applied = 0
 
     # ---- the update ------------------------------------------------------------------------
-    def update(
+    def update(self, batch: Batch, loss_fn: LossFn, **kwargs: Any) -> dict[str, float]:
+        """The metrics of :meth:`apply` (same arguments)."""
+        return dict(self.apply(batch, loss_fn, **kwargs).metrics)
+
+    def apply(
         self,
         batch: Batch,
         loss_fn: LossFn,
@@ -168,9 +173,10 @@ class Optimization:
         max_response_tokens: int | None,
         shuffle_seed: int | None = None,
         progress: Tick | None = None,
-    ) -> dict[str, float]:
-        """Run ``epochs`` × mini-batch steps over this rank's ``batch``; returns metrics reduced
-        over ranks (``<prefix>/...``). ``shuffle_seed``: permute rows each epoch (None = keep order).
+    ) -> UpdateOutcome:
+        """Run ``epochs`` × mini-batch steps over this rank's ``batch``; returns the UpdateOutcome:
+        ``applied`` False when every optimizer step was skipped (NaN/inf, the same on every rank),
+        metrics reduced over ranks (``<prefix>/...``). ``shuffle_seed``: permute rows each epoch (None = keep order).
         ``progress``: called with (micro-batches run, micro-batches of the update) on this rank.
 
         Every rank must call it (collective). A padding stand-in (:func:`hybridflow.batch.is_padding`,
@@ -201,7 +207,7 @@ class Optimization:
         out = self._reduced_metrics((tally, terms, maxima), steps, bad, norms, start)
         _log.info("%s update: %d optimizer steps (%d skipped), %d micro-batches of %d rows on this rank, %.1f s",
                   self.prefix, steps - bad, bad, count.done, own_rows, out[f"timing_s/update_{self.prefix}"])
-        return out
+        return UpdateOutcome(applied=bad != steps, metrics=out)
 
     def _reduced_metrics(self, tallies: tuple[_Tally, _Tally, _Tally], steps: int, bad: int, norms: list[float],
                          start: float) -> dict[str, float]:  # fmt: skip
@@ -349,10 +355,11 @@ class VersionedUpdates:
     """Exactly-once bookkeeping of one trained role.
 
     ``run(expected_version, batch_id, fn)``: at ``weights_version == expected_version`` calls
-    ``fn()`` (the update) and, unless its metrics report ``<prefix>/update_skipped`` = 1, bumps
-    the version and records (batch_id, metrics). At ``expected_version + 1`` with the recorded
-    batch_id, returns the recorded metrics without applying anything. Anything else raises
-    :class:`VersionMismatchError` naming both versions.
+    ``fn()`` (the update, an :class:`UpdateOutcome`) and, when it was applied, bumps the version
+    and records (batch_id, metrics). At ``expected_version + 1`` with the recorded batch_id,
+    returns the recorded metrics (applied) without applying anything. Anything else raises
+    :class:`VersionMismatchError` naming both versions. Every outcome's metrics carry
+    ``<prefix>/weights_version`` (after it).
     """
 
     role: str
@@ -361,16 +368,17 @@ class VersionedUpdates:
     last_batch_id: str | None = None
     last_metrics: dict[str, float] | None = None
 
-    def run(self, expected_version: int, batch_id: str, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
+    def run(self, expected_version: int, batch_id: str, fn: Callable[[], UpdateOutcome]) -> UpdateOutcome:
         if expected_version == self.weights_version:
-            metrics = fn()
-            if not metrics.get(f"{self.prefix}/update_skipped", 0.0):
+            outcome = fn()
+            if outcome.applied:
                 self.weights_version += 1
-                self.last_batch_id, self.last_metrics = batch_id, dict(metrics)
-            return metrics | {f"{self.prefix}/weights_version": float(self.weights_version)}
+                self.last_batch_id, self.last_metrics = batch_id, dict(outcome.metrics)
+            return outcome.with_metrics({f"{self.prefix}/weights_version": float(self.weights_version)})
         if expected_version + 1 == self.weights_version and batch_id == self.last_batch_id:
             assert self.last_metrics is not None
-            return dict(self.last_metrics) | {f"{self.prefix}/weights_version": float(self.weights_version)}
+            return UpdateOutcome(applied=True, metrics=dict(self.last_metrics)
+                                 | {f"{self.prefix}/weights_version": float(self.weights_version)})
         detail = (
             f"a different batch ({batch_id!r}) than the last applied one ({self.last_batch_id!r})"
             if expected_version + 1 == self.weights_version
@@ -391,4 +399,5 @@ class VersionedUpdates:
         self.last_metrics = sd["last_metrics"]
 
 
-__all__ = ["VersionMismatchError", "OptimSettings", "lr_at", "MicroResult", "Optimization", "VersionedUpdates"]
+__all__ = ["VersionMismatchError", "OptimSettings", "lr_at", "MicroResult", "Optimization", "UpdateOutcome",
+           "VersionedUpdates"]

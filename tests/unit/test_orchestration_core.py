@@ -237,10 +237,13 @@ class FakeTrainedRole:
     def get_weights_version(self) -> list[int]:
         return [self.versions.weights_version, self.versions.weights_version]
 
-    def update_policy(self, batch: Batch, *, expected_version: int, batch_id: str) -> dict[str, float]:
+    def update_policy(self, batch: Batch, *, expected_version: int, batch_id: str):
+        from workers.training import UpdateOutcome
+
         def fn():
             self.applied.append(batch_id)
-            return {"actor/pg_loss": 0.1, "actor/update_skipped": float(self.skip)}
+            return UpdateOutcome(applied=not self.skip, metrics={"actor/pg_loss": 0.1,
+                                                                 "actor/update_skipped": float(self.skip)})
 
         return self.versions.run(expected_version, batch_id, fn)
 
@@ -289,6 +292,23 @@ def test_a_skipped_update_keeps_the_version_and_is_not_recorded(tmp_path):
     run = _run(tmp_path)
     role = FakeTrainedRole()
     role.skip = True
+    result = apply_update(run, "policy", role, _result(tmp_path, "advantage", 1.0).ref, 0)
+    assert not result.applied and result.version == 0 and read_ledger(run.run_dir, "policy") == []
+
+
+def test_applied_is_the_outcome_field_not_the_metric_name(tmp_path):
+    """The decision travels in UpdateOutcome.applied: metrics that say otherwise decide nothing."""
+    from workers.training import UpdateOutcome, VersionedUpdates
+
+    versions = VersionedUpdates("policy", "actor")
+    out = versions.run(0, "b0", lambda: UpdateOutcome(applied=False, metrics={"actor/update_skipped": 0.0}))
+    assert not out.applied and versions.weights_version == 0 and out["actor/weights_version"] == 0.0
+    out = versions.run(0, "b1", lambda: UpdateOutcome(applied=True, metrics={"actor/update_skipped": 1.0}))
+    assert out.applied and versions.weights_version == 1
+    again = versions.run(0, "b1", lambda: pytest.fail("a retry must not apply again"))
+    assert again.applied and dict(again) == {"actor/update_skipped": 1.0, "actor/weights_version": 1.0}
+    run, role = _run(tmp_path), FakeTrainedRole()
+    role.update_policy = lambda batch, **kw: UpdateOutcome(applied=False, metrics={"actor/update_skipped": 0.0})
     result = apply_update(run, "policy", role, _result(tmp_path, "advantage", 1.0).ref, 0)
     assert not result.applied and result.version == 0 and read_ledger(run.run_dir, "policy") == []
 
