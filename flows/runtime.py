@@ -6,7 +6,7 @@ Ray worker would start its own and they lock the same SQLite file).
 Servers started here bind to 127.0.0.1 and are stopped by the PID we started; a reaper process
 (:mod:`flows.reaper`, :func:`start_reaper`) stops them, Ray's processes included, if the CLI dies
 without doing so (SIGKILL). Local Ray runs with its node address on the loopback interface
-(:func:`loopback_ray`), so every Ray server listens on 127.0.0.1 only.
+(:func:`workers.runtime.loopback_ray`), so every Ray server listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hybridflow.config import ExperimentConfig
 
@@ -119,29 +118,12 @@ def start_reaper() -> subprocess.Popen:
     )  # fmt: skip
 
 
-def loopback_ray() -> None:
-    """Make a local Ray take 127.0.0.1 as its node address, so that its GCS, raylet, workers,
-    dashboard agent (gRPC, HTTP and the metrics export port), runtime-env agent and autoscaler
-    metrics server all bind 127.0.0.1 (Ray binds loopback only when the node address is loopback).
-
-    ``ray.init(_node_ip_address="127.0.0.1")`` alone does not do it: Ray replaces a loopback
-    address by the machine's routable one unless its single-machine mode is on
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the default on macOS/Windows; ray 2.60
-    ``ray._private.services.resolve_ip_for_localhost``). Ray reads that variable when imported:
-    it is set in the environment (Ray's processes inherit it) and, if ray is already imported in
-    this process, on its constants module as well."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-
-
 def ensure_ray(cfg: ExperimentConfig) -> None:
     """Start local Ray (or join ``placement.ray_address``) once, passing the Prefect API and
-    MLflow URI to every worker through ``runtime_env``."""
-    import ray
+    MLflow URI to every worker through ``runtime_env`` (:func:`workers.runtime.start_ray`)."""
+    from workers.runtime import ray_running, start_ray
 
-    if ray.is_initialized():
+    if ray_running():
         return
     env_vars = {k: os.environ[k] for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "HYBRIDFLOW_CACHE",
                                               "PYTHONPATH", "HYBRIDFLOW_CONSOLE",
@@ -152,36 +134,7 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     # quiet console (the CLI's default): workers' output stays in Ray's logs; -v prefixes it onto the driver's
     kwargs: dict = {"runtime_env": {"env_vars": env_vars}, "include_dashboard": False, "namespace": "hybridflow",
                     **ray_init_options()}
-    if cfg.placement.ray_address:
-        ray.init(address=cfg.placement.ray_address, **kwargs)
-        return
-    # Node tasks ask for zero CPUs, but Ray keeps only `num_cpus` idle workers warm; with pools holding
-    # every CPU, each iteration would pay for new task-worker processes (Prefect + torch imports).
-    os.environ.setdefault("RAY_num_workers_soft_limit", "8")
-    # Ray's tqdm helper replaces print() in the driver, which undoes Prefect's log_prints
-    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
-    # Ray starts workers at nice 15 by default; the pools' actors *are* the compute here, and at
-    # nice 15 any other process (Prefect server, driver) takes the CPU from them on a small machine
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    loopback_ray()
     needed = sum(p.workers * p.cpus_per_worker for p in cfg.placement.pools.values())
     num_cpus = cfg.placement.ray_num_cpus or max(float(os.cpu_count() or 1), needed)
     num_gpus = sum(p.workers * p.gpus_per_worker for p in cfg.placement.pools.values())
-    _init_local_ray(num_cpus=int(-(-num_cpus // 1)), num_gpus=int(-(-num_gpus // 1)) or None,
-                    _node_ip_address="127.0.0.1", **kwargs)
-
-
-def _init_local_ray(attempts: int = 3, **kwargs: Any) -> None:
-    """``ray.init`` of a local node, tried again when Ray gives up waiting for its own raylet
-    (a fixed 30 s in ray/_private/node.py: "The current node timed out during startup"), which a
-    loaded 2-core machine reached at load average 30; any other error is raised at once."""
-    import ray
-
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(**kwargs)
-            return
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception here
-            if "timed out during startup" not in str(e) or attempt == attempts:
-                raise
-            ray.shutdown()
+    start_ray(address=cfg.placement.ray_address, num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)

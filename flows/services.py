@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from flows import runtime
+from workers.runtime import ray_running, stop_ray
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,6 @@ def drain_prefect_services(timeout_s: float = 20.0) -> None:
         pass
 
 
-def _ray_running() -> bool:
-    ray = sys.modules.get("ray")  # not imported: not running (and not imported here for nothing)
-    return ray is not None and ray.is_initialized()
-
-
 @contextmanager
 def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None, ray: bool = False,
              reaper: bool = False) -> Iterator[Services]:
@@ -85,7 +81,7 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
     Raises RuntimeError when the Prefect API is unreachable or the server does not come up.
     """
     previous = stop_on_sigterm()
-    ray_was_running = _ray_running()
+    ray_was_running = ray_running()
     if reaper:
         runtime.start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
     server = None
@@ -99,8 +95,8 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
         yield Services(server.url if server else None, (server.home or "") if server else None)
     finally:
         try:
-            if not ray_was_running and _ray_running():
-                sys.modules["ray"].shutdown()
+            if not ray_was_running:
+                stop_ray()
         finally:
             if server is not None:
                 drain_prefect_services()
