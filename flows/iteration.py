@@ -5,7 +5,7 @@ CONFIG`` prints it for a config, with the pool each node calls)::
 
     prompts ─► rollout ─► reward ‖ reference ‖ values ─► advantage ─► update_critic ‖ update_policy
     with a rollout pool (trainer.max_staleness): the driver runs rollout ahead, and the iteration is
-               rollout ─► old_log_probs ‖ reward ─► reference ‖ values ─► advantage ─► update_* (─► weights to the rollout pool)
+               rollout ─► old_log_probs ‖ reward ─► reference ‖ values ─► advantage ─► update_* ─► publish_weights
     with algorithm.filter_groups:  rollout ─► reward ─► filter_groups ─► reference ‖ values ─► advantage ─► ...
 
 Nodes switch off by config (no reference without KL, no values/update_critic without a critic,
@@ -36,6 +36,7 @@ from tasks.rollout import old_log_probs, rollout
 from tasks.types import AdvantageResult, NodeResult
 from tasks.update import update_critic, update_policy
 from tasks.values import values
+from tasks.weight_sync import publish_weights
 
 
 def flow_inputs(cfg: ExperimentConfig) -> tuple[str, ...]:
@@ -63,6 +64,7 @@ def builtin_dataflow(cfg: ExperimentConfig) -> DataFlow:
         advantage.wire(rollout=kept, reward="filter_groups" if cfg.algorithm.filter_groups else "reward"),
         update_critic if cfg.needs_critic else None,       # (advantage, critic_version)
         update_policy,                                     # (advantage, policy_version)
+        publish_weights if cfg.uses_rollout_pool else None,  # (update_policy) -> weights to the rollout pool
     ]
     return DataFlow([n for n in nodes if n is not None], inputs=flow_inputs(cfg))
 

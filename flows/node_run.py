@@ -25,6 +25,7 @@ NOT_RUNNABLE: dict[str, str] = {
     "values": "its output depends on the critic weights at that iteration",
     "update_policy": "it changes the run's policy weights",
     "update_critic": "it changes the run's critic weights",
+    "publish_weights": "it sends the policy's weights to the run's rollout pool",
     "checkpoint": "it writes the run's checkpoints",
 }
 DEBUG_POOL = "node-debug"

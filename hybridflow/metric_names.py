@@ -61,6 +61,7 @@ NODE_TIME = {
     "advantage": "advantage_time_s",
     "update_policy": "update_policy_time_s",
     "update_critic": "update_critic_time_s",
+    "publish_weights": "weight_sync_time_s",  # the node's wall time is the publish's, as before it was a node
     "validate": "validate_time_s",
     "checkpoint": "checkpoint_time_s",
 }

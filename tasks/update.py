@@ -3,7 +3,8 @@
 Not cached; Prefect retries them (a worker that died mid-update is restarted by Ray), which is
 safe: each retry goes through the version check of :mod:`tasks.versions` — at the expected
 version the update is applied, one version past it with the same batch the recorded metrics come
-back, and nothing is ever applied twice.
+back, and nothing is ever applied twice. With a rollout pool, the ``publish_weights`` node
+(:mod:`tasks.weight_sync`) sends the new weights on.
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ def _run_update(run: RunContext, role: str, advantage: NodeResult, expected_vers
         raise ValueError(f"update_{role}: the advantage node returned no batch")
     handle = pool_of(run, role)
     result = apply_update(run, role, handle, advantage.ref, expected_version)
-    if role == "policy" and result.applied and run.cfg().uses_rollout_pool:  # asynchronous training
-        from tasks.weight_sync import publish_weights
-
-        result = result.with_metrics(publish_weights(run, handle, result.version))
     get_run_logger().info("%s update at version %d%s: %s", role, expected_version,
                           "" if result.applied else " (skipped: NaN/inf)",
                           ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())[:10]))

@@ -31,13 +31,10 @@ from tasks.common import RunContext
 from tasks.layout import ledger_name
 from tasks.types import UpdateResult
 from workers.outcome import UpdateOutcome
+from workers.weight_sync import VersionError, weights_version
 
 # role -> (worker update method, metric prefix)
 TRAINED_ROLES = {"policy": ("update_policy", "actor"), "critic": ("update_critic", "critic")}
-
-
-class VersionError(RuntimeError):
-    """A pool's weights cannot be brought to the version the run expects (names role and versions)."""
 
 
 def ledger_path(run_dir: str, role: str) -> str:
@@ -57,15 +54,6 @@ def _append_ledger(run_dir: str, role: str, entry: dict[str, Any]) -> None:
     fs, path = fsspec.core.url_to_fs(ledger_path(run_dir, role))
     with fs.open(path, "a") as f:
         f.write(json.dumps(entry) + "\n")
-
-
-def weights_version(handle: Any) -> int:
-    """A role handle's weights_version (all ranks must agree; VersionError otherwise)."""
-    got = handle.get_weights_version()
-    versions = set(got) if isinstance(got, list) else {got}
-    if len(versions) != 1:
-        raise VersionError(f"{handle.role} pool ranks disagree on weights_version: {sorted(versions)}")
-    return versions.pop()
 
 
 def _update(handle: Any, role: str, ref: BatchRef, expected_version: int) -> UpdateOutcome:

@@ -49,34 +49,72 @@ def role_class(role: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def call_ranks(pool: Pool, role: str, method: str, proto: DispatchProtocol, args: tuple, kwargs: dict,
-               timeout_s: float | None = None) -> Any:
-    """Split (``proto.split``), run ``role.method`` on each rank that gets a part, join (``proto.join``).
-    What each rank printed during the call is re-emitted here (:func:`workers.worker_logs.emit`).
-    Raises PoolError naming the pool, rank and method when a rank does not answer within ``timeout_s``."""
+class PendingCall:
+    """A role method running on its pool's ranks, started by :func:`start_ranks`; :meth:`result`
+    waits for it. What lets two pools' calls run at the same time (:func:`call_together`)."""
+
+    def __init__(self, pool: Pool, role: str, method: str, proto: DispatchProtocol, refs: list[Any], info: Any):
+        self.pool, self.role, self.method, self.proto, self.refs, self.info = pool, role, method, proto, refs, info
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        """Wait for every called rank (``timeout_s`` each) and join (``proto.join``). What each rank
+        printed during the call is re-emitted here (:func:`workers.worker_logs.emit`). Raises
+        PoolError naming the pool, rank and method when a rank does not answer within ``timeout_s``."""
+        results = []
+        for rank, ref in enumerate(self.refs):
+            if ref is None:
+                results.append(None)
+                continue
+            try:
+                result, lines = ray.get(ref, timeout=timeout_s)
+            except GetTimeoutError:
+                raise PoolError(f"pool {self.pool.name!r} rank {rank}: {self.role}.{self.method} timed out "
+                                f"after {timeout_s}s") from None
+            emit_worker_lines(self.pool.name, rank, self.role, self.method, lines)
+            results.append(result)
+        keep_all = self.proto.name in ("broadcast", "rank_zero")
+        return self.proto.join(results if keep_all else [r for r in results if r is not None], self.info)
+
+
+def start_ranks(pool: Pool, role: str, method: str, proto: DispatchProtocol, args: tuple, kwargs: dict) -> PendingCall:
+    """Split (``proto.split``) and start ``role.method`` on each rank that gets a part; nothing waited for."""
     calls, info = proto.split(args, kwargs, pool.world_size)
     refs = [None if c is None else actor.call_logged.remote(role, method, *c[0], **c[1])
             for actor, c in zip(pool.actors, calls, strict=True)]
-    results = []
-    for rank, ref in enumerate(refs):
-        if ref is None:
-            results.append(None)
-            continue
-        try:
-            result, lines = ray.get(ref, timeout=timeout_s)
-        except GetTimeoutError:
-            raise PoolError(f"pool {pool.name!r} rank {rank}: {role}.{method} timed out after {timeout_s}s") from None
-        emit_worker_lines(pool.name, rank, role, method, lines)
-        results.append(result)
-    return proto.join([r for r in results if r is not None] if proto.name not in ("broadcast", "rank_zero") else results, info)
+    return PendingCall(pool, role, method, proto, refs, info)
+
+
+def call_ranks(pool: Pool, role: str, method: str, proto: DispatchProtocol, args: tuple, kwargs: dict,
+               timeout_s: float | None = None) -> Any:
+    """Split (``proto.split``), run ``role.method`` on each rank that gets a part, join (``proto.join``):
+    :func:`start_ranks` then :meth:`PendingCall.result`. Raises PoolError on a rank's timeout."""
+    return start_ranks(pool, role, method, proto, args, kwargs).result(timeout_s)
+
+
+Together = tuple[Callable[..., Any], tuple, dict]
+
+
+def call_together(calls: list[Together], *, timeout_s: float | None = None) -> list[Any]:
+    """The cross-pool collective protocol: ``[(bound method, args, kwargs), ...]`` — role handles'
+    bound methods, e.g. ``(policy.broadcast_weights, (3,), {})`` and ``(rollout.receive_broadcast,
+    (layout,), {"version": 3, "keep": 4})`` — all started before any is waited for (each on the
+    ranks its dispatch protocol names), so the members of a collective spanning two pools meet.
+    Returns each call's joined result, in order. Raises PoolError when a rank does not answer
+    within ``timeout_s`` (per rank), or the first member's error."""
+    pending = [method.start(*args, **kwargs) for method, args, kwargs in calls]
+    return [p.result(timeout_s) for p in pending]
 
 
 def _bound(pool: Pool, role: str, method: str, proto: DispatchProtocol, doc: str | None) -> Callable[..., Any]:
     def call(*args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         return call_ranks(pool, role, method, proto, args, kwargs, timeout_s)
 
+    def start(*args: Any, **kwargs: Any) -> PendingCall:
+        return start_ranks(pool, role, method, proto, args, kwargs)
+
     call.__name__, call.__qualname__, call.__doc__ = method, f"{role}.{method}", doc
     call.protocol = proto.name  # type: ignore[attr-defined]
+    call.start = start  # type: ignore[attr-defined]  # started without waiting: call_together
     return call
 
 
@@ -94,6 +132,14 @@ class RoleHandle:
             fn = getattr(self.worker_class, name)
             setattr(self, name, _bound(pool, role, name, get_dispatch(protocol_of(fn)), inspect.getdoc(fn)))
 
+    def rendezvous_address(self, timeout_s: float | None = None) -> tuple[str, int]:
+        """``(host, port)`` free on rank 0's node, where a group spanning pools can meet
+        (:func:`workers.distributed.rendezvous_address`). Raises PoolError on timeout."""
+        try:
+            return ray.get(self.pool.actors[0].free_address.remote(), timeout=timeout_s)
+        except GetTimeoutError:
+            raise PoolError(f"pool {self.pool.name!r} rank 0: no rendezvous address within {timeout_s}s") from None
+
     def __getattr__(self, name: str) -> Any:  # only for names that were not bound
         if name.startswith("__") or name in ("pool", "role", "worker_class", "methods"):
             raise AttributeError(name)
@@ -109,4 +155,4 @@ def _public_methods(cls: type) -> frozenset[str]:
     return frozenset(name for name, fn in inspect.getmembers(cls, inspect.isfunction) if not name.startswith("_"))
 
 
-__all__ = ["ROLE_CLASSES", "RoleHandle", "call_ranks", "role_class"]
+__all__ = ["ROLE_CLASSES", "PendingCall", "RoleHandle", "call_ranks", "call_together", "role_class", "start_ranks"]

@@ -1,0 +1,143 @@
+"""Weights from the trainer to a separate rollout pool (asynchronous training, docs/async.md).
+
+:class:`WeightSync` works on role handles (:class:`workers.handles.RoleHandle`, or anything with
+the same bound methods). :meth:`WeightSync.publish` sends the policy's current weights to every
+rollout rank: the policy's rank 0 puts CPU tensors in Ray's object store, tagged with their
+``weights_version``, and every rollout rank keeps the object refs' tensors in an inbox by version
+(:mod:`workers.rollout_worker`); the transfer goes from the policy's node to each rollout node
+through Ray's object store. :meth:`WeightSync.ensure` makes the rollout ranks generate with one
+exact version; when a restarted rollout rank lost its inbox, the version is fetched again from the
+policy, which keeps the ``trainer.max_staleness + 2`` newest versions referenced.
+
+``mode="collective"`` (``trainer.weight_sync: collective``, ``auto`` on GPUs) sends them instead by
+a torch.distributed broadcast from the policy's rank 0 to the rollout ranks
+(:mod:`workers.weight_group`: NCCL on GPUs, Gloo on CPU), formed on the first publish and formed
+again when a member restarted (its epoch differs). The members are called together through
+:func:`workers.handles.call_together`. A broadcast that fails falls back to the object store for
+that version (and the next publish forms the group anew).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from workers.handles import call_together
+from workers.weight_group import GROUP_TIMEOUT_S
+
+_log = logging.getLogger(__name__)
+
+
+class VersionError(RuntimeError):
+    """A pool's weights cannot be brought to the version the run expects (names role and versions)."""
+
+
+def weights_version(handle: Any) -> int:
+    """A role handle's weights_version (all ranks must agree; VersionError otherwise)."""
+    got = handle.get_weights_version()
+    versions = set(got) if isinstance(got, list) else {got}
+    if len(versions) != 1:
+        raise VersionError(f"{handle.role} pool ranks disagree on weights_version: {sorted(versions)}")
+    return versions.pop()
+
+
+def versions_kept(max_staleness: int) -> int:
+    """How many published versions the policy and each rollout rank keep: the rollouts in flight
+    (``max_staleness + 1``) need at most that many, plus the one being published."""
+    return max_staleness + 2
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """One publish: ``version`` sent, ``seconds`` (publish + transfer + filing in the inboxes, wall
+    clock), ``bytes`` (of the tensors sent once), ``collective`` (True: broadcast; False: object store)."""
+
+    version: int
+    seconds: float
+    bytes: int
+    collective: bool
+
+
+@dataclass
+class WeightSync:
+    """The policy's weights, published to the rollout pool (see the module docstring).
+
+    policy: returns the policy's role handle, asked only when needed (:meth:`ensure` asks only when
+    a rank must fetch a version again: a rollout generating ahead must not wait on a policy pool
+    busy updating); rollout: the rollout role's handle; mode: "collective" or "object_store" (as
+    ``ExperimentConfig.weight_sync_mode`` resolves it); keep: versions kept (:func:`versions_kept`);
+    warn: where a fallback to the object store is reported (one line).
+    """
+
+    policy: Callable[[], Any]
+    rollout: Any
+    mode: Literal["collective", "object_store"]
+    keep: int
+    warn: Callable[[str], None] = _log.warning
+
+    def publish(self, version: int) -> SyncReport:
+        """Send the policy's weights (``version`` = its weights_version now) to every rollout rank's
+        inbox. Raises VersionError when the policy is not at ``version``; a failed broadcast falls
+        back to the object store. Publishing a version already published sends it again (safe)."""
+        start = time.perf_counter()
+        policy = self.policy()
+        sent, collective = None, self.mode == "collective"
+        if collective:
+            try:
+                sent = self._broadcast(policy, version)
+            except Exception as e:  # noqa: BLE001 - a broken group: this version goes through the object store
+                self.warn(f"weight-sync broadcast of v{version} failed ({type(e).__name__}: {e}); "
+                          "sending it through Ray's object store")
+                policy.leave_weight_group()  # the next publish forms the group anew
+                collective = False
+        if sent is None:
+            sent = self._through_object_store(policy, version)
+        return SyncReport(version=version, seconds=time.perf_counter() - start, bytes=int(sent), collective=collective)
+
+    def ensure(self, version: int) -> None:
+        """Make every rollout rank generate with the weights of ``version``: from its inbox, or (a
+        rank that restarted and lost it) fetched again from the policy. Raises VersionError naming
+        the version when neither holds it (resume the run from its checkpoint)."""
+        versions = self.rollout.get_weights_version()
+        if set(versions) == {version}:
+            return
+        if not all(version in held for held in self.rollout.inbox_versions()):
+            published = self.policy().published_weights(version)
+            if published is None:
+                raise VersionError(
+                    f"rollout pool needs policy weights_version {version}: its ranks are at {sorted(set(versions))} "
+                    f"and the policy keeps only the {self.keep} newest versions; resume the run "
+                    "from its latest checkpoint")
+            self.rollout.receive_weights(published["refs"], version=version, keep=self.keep)
+        self.rollout.use_weights(version)
+        if weights_version(self.rollout) != version:
+            raise VersionError(f"rollout pool did not load weights_version {version}")
+
+    def _through_object_store(self, policy: Any, version: int) -> int:
+        published = policy.publish_weights(keep=self.keep)
+        if published["version"] != version:
+            raise VersionError(f"policy published weights_version {published['version']}, expected {version}")
+        self.rollout.receive_weights(published["refs"], version=version, keep=self.keep)
+        return published["bytes"]
+
+    def _broadcast(self, policy: Any, version: int) -> int:
+        rollout = self.rollout
+        epochs = [policy.weight_group_epoch(), *rollout.weight_group_epoch()]
+        if None in epochs or len(set(epochs)) != 1:  # first publish, or a member restarted: form it (again)
+            # the store listens on the policy rank 0's node (the pool's own rendezvous helper)
+            host, port = policy.rendezvous_address(timeout_s=GROUP_TIMEOUT_S)
+            epoch = max((e for e in epochs if e is not None), default=0) + 1
+            group = (host, port, rollout.pool.world_size + 1, epoch)
+            call_together([(policy.init_weight_group, group, {}), (rollout.init_weight_group, group, {})],
+                          timeout_s=GROUP_TIMEOUT_S)
+        layout = policy.weights_layout()
+        sent, _ = call_together([(policy.broadcast_weights, (version,), {}),
+                                 (rollout.receive_broadcast, (layout,), {"version": version, "keep": self.keep})],
+                                timeout_s=GROUP_TIMEOUT_S)
+        return sent["bytes"]
+
+
+__all__ = ["SyncReport", "VersionError", "WeightSync", "versions_kept", "weights_version"]
