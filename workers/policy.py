@@ -118,32 +118,14 @@ class PolicyWorker(Generation, WeightPublisher):
 
     # ---- weights to the rollout engine ---------------------------------------------------------
     def _sync_rollout_weights(self) -> None:
-        """Give the engine the trainer's current weights (collective under FSDP2).
-
-        The hf engine shares the inference module: nothing to send. An engine with its own copy
-        gets, with LoRA and a ``load_lora_adapter`` method (vLLM), only the adapter tensors
-        (``lora_A`` / ``lora_B``, PEFT names) and config, tagged with ``weights_version``;
-        otherwise the merged HF-named weights.
-        """
+        """Give the engine the trainer's current weights (collective under FSDP2: the inference
+        module is refreshed from the gathered full weights first), by the one weights endpoint
+        (:func:`workers.weights_endpoint.push_to_engine`: nothing for the hf engine, adapters only
+        with LoRA on an engine that takes them, else the merged HF-named weights)."""
         if self.sharded:
             full = D.full_model_state_dict(self.model)
             C.load_weights_strict(self.inference_module, full, where="policy rollout copy")
-        if getattr(self.engine, "model", None) is self.inference_module:
-            return
-        if self._syncs_adapter_only():
-            from hybridflow.models import lora_adapter_state
-
-            tensors, peft_config = lora_adapter_state(self.inference_module)
-            self.engine.load_lora_adapter(tensors, peft_config, self.versions.weights_version)
-            return
-        from hybridflow.models import merged_named_tensors
-
-        self.engine.wake_up()
-        self.engine.load_weights(merged_named_tensors(self.inference_module))
-
-    def _syncs_adapter_only(self) -> bool:
-        """LoRA is on and the engine takes adapters: its base weights stay those it loaded."""
-        return self.cfg.model.lora_rank > 0 and hasattr(self.engine, "load_lora_adapter")
+        self._push_to_engine(self.versions.weights_version)
 
     # ---- dataflow steps (generate_sequences: workers.generation.Generation) ----------------------
     @dispatch("dp_scatter")
@@ -335,8 +317,7 @@ class PolicyWorker(Generation, WeightPublisher):
             set_model_state_dict(self.model, plain.state_dict(), options=StateDictOptions(full_state_dict=True))
         self.optim.load_state_dict(state["optim"])
         self.versions.load_state_dict(state["versions"])
-        if getattr(self.engine, "model", None) is not self.inference_module:
-            self._sync_rollout_weights()
+        self._push_to_engine(self.versions.weights_version)  # nothing when the engine shares the module
 
 
 __all__ = ["PolicyWorker", "VersionMismatchError", "build_policy_module"]

@@ -11,7 +11,9 @@ that version are loaded from the inbox (older entries are evicted) before the en
 the schedule of versions, and with it the run, is deterministic.
 
 Weights travel as plain tensors: the full state dict, or with LoRA (``model.lora_rank > 0``) only
-the trainable adapter tensors (the base weights of both copies are the same initial model).
+the trainable adapter tensors (the base weights of both copies are the same initial model). They
+reach the engine as they reach the policy's own (:class:`workers.weights_endpoint.WeightsEndpoint`):
+with LoRA an engine that takes adapters (vLLM) gets the adapter only.
 Sources: verl ``recipe/one_step_off_policy`` (a separate rollout worker group synced after each
 update), AReaL's decoupled rollout workers.
 """
@@ -30,13 +32,14 @@ from workers.dispatch import dispatch
 from workers.generation import Generation
 from workers.policy import POLICY_DIR, POLICY_OPTIM_DIR, build_policy_module
 from workers.rollout.multi_turn import MultiTurnRollout
+from workers.weights_endpoint import WeightsEndpoint
 
 
 class WeightsUnavailable(RuntimeError):
     """The weights version a generation needs is neither loaded nor in the inbox."""
 
 
-class RolloutWorker(Generation):
+class RolloutWorker(Generation, WeightsEndpoint):
     """Generation on one rank of the rollout pool (see the module docstring).
 
     cfg: the experiment config; rank/world_size: this rank of the rollout pool; device: "cpu" / "cuda".
@@ -84,16 +87,12 @@ class RolloutWorker(Generation):
     def init_weight_group(self, host: str, port: int, world_size: int, epoch: int) -> int:
         """Join the weight-sync group as rank 1 + this rank (the policy's rank 0 joins at the same
         time; :class:`workers.weight_group.WeightGroup`). Returns ``epoch``."""
-        from workers.weight_group import WeightGroup
-
-        self._weight_group = (epoch, WeightGroup(host, port, self.rank + 1, world_size, self.device))
-        return epoch
+        return self._join_weight_group(self.rank + 1, host, port, world_size, epoch)
 
     @dispatch("broadcast")
     def weight_group_epoch(self) -> int | None:
         """The epoch of the weight-sync group this rank is in (None: none, e.g. after a restart)."""
-        group = getattr(self, "_weight_group", None)
-        return None if group is None else group[0]
+        return self._group_epoch()
 
     @dispatch("broadcast")
     def receive_broadcast(self, layout: list[tuple[str, list[int], str]], *, version: int, keep: int) -> int:
@@ -102,10 +101,9 @@ class RolloutWorker(Generation):
         ``keep`` newest. Runs while a generation may be in progress. Returns the tensor count."""
         from workers.weight_group import empty_like_layout
 
-        if getattr(self, "_weight_group", None) is None:
-            raise RuntimeError(f"rollout rank {self.rank} is in no weight-sync group")
+        group = self._group(f"rollout rank {self.rank}")
         state = empty_like_layout(layout, self.device)
-        self._weight_group[1].broadcast(list(state.values()))
+        group.broadcast(list(state.values()))
         self._file(version, state, keep)
         return len(state)
 
@@ -129,23 +127,12 @@ class RolloutWorker(Generation):
                 raise WeightsUnavailable(
                     f"rollout rank {self.rank}: weights version {version} is not in the inbox "
                     f"(holds {sorted(self._inbox)}; loaded: {self.weights_version})")
-            self._load(state, where=f"published policy weights v{version}")
+            self._load_published(state, version=version, where=f"published policy weights v{version}")
             self.weights_version = version
             with self._inbox_lock:
                 for old in [v for v in self._inbox if v < version]:
                     del self._inbox[old]
             return version
-
-    def _load(self, state: dict[str, torch.Tensor], where: str) -> None:
-        full = self.inference_module.state_dict()
-        if self.cfg.model.lora_rank > 0:  # adapters only: the base is the initial model on both sides
-            state = {**full, **state}
-        C.load_weights_strict(self.inference_module, state, where=where)
-        if getattr(self.engine, "model", None) is not self.inference_module:
-            from hybridflow.models import merged_named_tensors
-
-            self.engine.wake_up()
-            self.engine.load_weights(merged_named_tensors(self.inference_module))
 
     @dispatch("dp_scatter")
     def generate_sequences(self, batch: Any, *, seed: int, validate: bool = False) -> Any:
@@ -171,8 +158,9 @@ class RolloutWorker(Generation):
         else:
             weights = C.read_safetensors_folder(root / POLICY_DIR)
         with self._lock:
-            self._load(weights, where=str(root / POLICY_DIR))
-            self.weights_version = int(state["versions"]["weights_version"])
+            version = int(state["versions"]["weights_version"])
+            self._load_published(weights, version=version, where=str(root / POLICY_DIR))
+            self.weights_version = version
             self._inbox.clear()
 
 

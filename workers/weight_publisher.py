@@ -1,8 +1,9 @@
 """The policy's side of weights for a separate rollout pool (asynchronous training, docs/async.md):
 publish to Ray's object store, or broadcast through the weight-sync group
 (:mod:`workers.weight_group`). Mixed into :class:`workers.policy.PolicyWorker`, which provides
-``cfg``, ``rank``, ``device``, ``inference_module`` (the unsharded module the engine uses) and
-``versions`` (its weights_version)."""
+``cfg``, ``rank``, ``device``, ``engine``, ``inference_module`` (the unsharded module the engine
+uses) and ``versions`` (its weights_version). The group membership and the push to an engine are
+the :class:`workers.weights_endpoint.WeightsEndpoint` the rollout workers share."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from torch import Tensor
 
 from workers.dispatch import dispatch
 from workers.training import VersionMismatchError
+from workers.weights_endpoint import WeightsEndpoint
 
 
-class WeightPublisher:
+class WeightPublisher(WeightsEndpoint):
     """Publishing the policy's weights to the rollout pool (see the module docstring)."""
 
     _published: dict[int, tuple[Any, int, int]]  # version -> (ObjectRef, tensors, bytes); PolicyWorker sets it
@@ -50,10 +52,7 @@ class WeightPublisher:
     def init_weight_group(self, host: str, port: int, world_size: int, epoch: int) -> int:
         """Join the weight-sync group as its rank 0 (:class:`workers.weight_group.WeightGroup`; the
         rollout ranks join at the same time). ``epoch`` names this group. Returns ``epoch``."""
-        from workers.weight_group import WeightGroup
-
-        self._weight_group = (epoch, WeightGroup(host, port, 0, world_size, self.device))
-        return epoch
+        return self._join_weight_group(0, host, port, world_size, epoch)
 
     @dispatch("rank_zero")
     def leave_weight_group(self) -> None:
@@ -63,8 +62,7 @@ class WeightPublisher:
     @dispatch("rank_zero")
     def weight_group_epoch(self) -> int | None:
         """The epoch of the weight-sync group this rank is in (None: none)."""
-        group = getattr(self, "_weight_group", None)
-        return None if group is None else group[0]
+        return self._group_epoch()
 
     @dispatch("rank_zero")
     def weights_layout(self) -> list[tuple[str, list[int], str]]:
@@ -78,13 +76,12 @@ class WeightPublisher:
         """Broadcast the current weights (``version`` = weights_version, checked) through the
         weight-sync group, on the device they live on. Returns ``{"version", "bytes"}``. Raises
         RuntimeError without a group, VersionMismatchError on another version."""
-        if getattr(self, "_weight_group", None) is None:
-            raise RuntimeError("policy rank 0 is in no weight-sync group (init_weight_group first)")
+        group = self._group("policy rank 0")
         if version != self.versions.weights_version:
             raise VersionMismatchError(f"broadcast of weights_version {version}; the policy is at "
                                        f"{self.versions.weights_version}")
         tensors = [t.contiguous() for t in self._publish_state().values()]
-        self._weight_group[1].broadcast(tensors)
+        group.broadcast(tensors)
         return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in tensors)}
 
     @dispatch("rank_zero")
