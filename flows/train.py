@@ -62,12 +62,13 @@ class _RewardGuard:
         self.in_a_row = 0
 
     def check(self, out: IterationResult, it: int) -> None:
-        from hybridflow.rewards.executor import FAILURE_METRICS
+        """Count iteration ``it`` by its reward node's :class:`~tasks.types.RewardResult` (a reward
+        node that returns another type decides nothing); raises TrainingStopped at the limit."""
+        from tasks.types import RewardResult
 
         result = out.results.get("reward")
-        rows = result.ref.rows if result is not None and result.ref is not None else 0
-        failed = sum(out.metrics.get(name, 0.0) for name in FAILURE_METRICS.values())
-        if not rows or failed < rows:
+        rows = result.ref.rows if isinstance(result, RewardResult) and result.ref is not None else 0
+        if not rows or result.failed_rows < rows:
             self.in_a_row = 0
             return
         self.in_a_row += 1
@@ -75,14 +76,11 @@ class _RewardGuard:
         get_run_logger().warning("iteration %d: the reward failed on every row (%d iterations in a row, limit %d)",
                                  it, self.in_a_row, limit)
         if self.in_a_row >= limit:
-            from tasks.common import load_node_output
-
-            errors = [e for e in load_node_output(result).non_tensors.get("reward_error") or [] if e]
             fn = f"reward.function={self.cfg.reward.function}" if self.cfg.reward.function else "the rule rewards"
             raise TrainingStopped(
                 f"{fn} failed on every row for {self.in_a_row} iterations in a row "
                 f"(reward.max_failure_iterations={limit}); stopping at iteration {it}. "
-                f"Last error: {errors[-1] if errors else 'unknown'}"
+                f"Last error: {result.last_error or 'unknown'}"
             )
 
 
