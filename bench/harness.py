@@ -124,16 +124,17 @@ class HybridflowRunner:
     def iteration(self, task_runner: str = "ray") -> dict[str, Any]:
         """Run the next iteration on ``task_runner`` ("ray" | "thread"). Returns {"wall_s",
         "t0", "t1" (epoch seconds), "metrics", "tokens"}: tokens = prompt + response tokens."""
-        from flows.iteration import call_iteration, iteration
+        from flows.iteration import call_iteration, flow_input_values, iteration
         from flows.train import _check_update, _task_runner
         from tasks.common import load_node_output
 
         self.it += 1
         cfg = self.cfg.model_copy(update={"trainer": self.cfg.trainer.model_copy(update={"task_runner": task_runner})})
         flow = iteration.with_options(task_runner=_task_runner(cfg))
-        prompts = self.state.next_prompts(self.it)
+        prompts = self.state.prompts.next_prompts(self.it)
         t0 = time.time()
-        out = call_iteration(flow, self.base.with_iteration(self.it), self.state.flow_inputs(prompts))
+        inputs = flow_input_values(self.cfg, prompts, self.state.trainer)
+        out = call_iteration(flow, self.base.with_iteration(self.it), inputs)
         t1 = time.time()
         _check_update(self.cfg, self.state.trainer, out, self.it)
         batch = load_node_output(out.results["rollout"])
