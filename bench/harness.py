@@ -83,7 +83,7 @@ class HybridflowRunner:
     ray_system_config: dict[str, Any] | None = None  # e.g. keep idle Ray workers alive (see overhead.py)
 
     def start(self) -> HybridflowRunner:
-        from flows.run_pools import run_pools
+        from flows.run_pools import open_pools
         from flows.run_state import open_run
         from flows.runtime import ensure_prefect_api
         from hybridflow.config import load_config
@@ -112,7 +112,9 @@ class HybridflowRunner:
                     raise RuntimeError("Ray is already running: its _system_config cannot be changed")
                 init_ray(self.cfg, self.ray_system_config)
             self._pools = ExitStack()  # closed by stop(): the pools go before Ray does
-            self._pools.enter_context(run_pools(self.cfg, self.state.namespace, self.state.dir.checkpoints))
+            self._pools.enter_context(open_pools(self.cfg, namespace=self.state.namespace,
+                                                             ckpt_root=self.state.dir.checkpoints,
+                                                             keep=self.cfg.placement.keep_pools))
             self.state.prepare_validation()
         except BaseException:
             self.stop()  # never leave a Prefect server or Ray behind
@@ -147,7 +149,7 @@ class HybridflowRunner:
 
         try:
             if getattr(self, "_pools", None) is not None:
-                self._pools.close()  # run_pools' exit: destroy the pools (unless placement.keep_pools)
+                self._pools.close()  # open_pools' exit: destroy the pools (unless placement.keep_pools)
             if getattr(self, "_client", None) is not None:
                 self._client.close()
             if self._owns_ray and ray.is_initialized():

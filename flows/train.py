@@ -22,7 +22,7 @@ from prefect.runtime import flow_run as prefect_flow_run
 from flows.feeds import Feed, open_feed
 from flows.iteration import IterationResult, build_dataflow, call_iteration, flow_input_values
 from flows.observe import RunObserver
-from flows.run_pools import run_pools
+from flows.run_pools import open_pools
 from flows.run_state import RunSession, open_run
 from flows.tracking import Tracker, redact
 from flows.trainer_state import TrainerState
@@ -332,7 +332,8 @@ def train(
     try:
         build_dataflow(state.cfg)  # a bad trainer.dataflow is a ConfigError now, before any model loads
         observer.started()
-        with run_pools(state.cfg, state.namespace, state.dir.checkpoints):
+        with open_pools(state.cfg, namespace=state.namespace, ckpt_root=state.dir.checkpoints,
+                        keep=state.cfg.placement.keep_pools):
             state.prepare_validation()  # after the pools are up, as the run always did
             _train_loop(state, tracker, observer)
         status = "FINISHED"
