@@ -83,7 +83,7 @@ class HybridflowRunner:
     ray_system_config: dict[str, Any] | None = None  # e.g. keep idle Ray workers alive (see overhead.py)
 
     def start(self) -> HybridflowRunner:
-        from flows.run_pools import run_pools
+        from flows.run_pools import open_pools
         from flows.run_state import open_run
         from flows.runtime import ensure_prefect_api
         from hybridflow.config import load_config
@@ -112,7 +112,9 @@ class HybridflowRunner:
                     raise RuntimeError("Ray is already running: its _system_config cannot be changed")
                 init_ray(self.cfg, self.ray_system_config)
             self._pools = ExitStack()  # closed by stop(): the pools go before Ray does
-            self._pools.enter_context(run_pools(self.cfg, self.state.namespace, self.state.dir.checkpoints))
+            self._pools.enter_context(open_pools(self.cfg, namespace=self.state.namespace,
+                                                             ckpt_root=self.state.dir.checkpoints,
+                                                             keep=self.cfg.placement.keep_pools))
             self.state.prepare_validation()
         except BaseException:
             self.stop()  # never leave a Prefect server or Ray behind
@@ -124,16 +126,17 @@ class HybridflowRunner:
     def iteration(self, task_runner: str = "ray") -> dict[str, Any]:
         """Run the next iteration on ``task_runner`` ("ray" | "thread"). Returns {"wall_s",
         "t0", "t1" (epoch seconds), "metrics", "tokens"}: tokens = prompt + response tokens."""
-        from flows.iteration import call_iteration, iteration
+        from flows.iteration import call_iteration, flow_input_values, iteration
         from flows.train import _check_update, _task_runner
         from tasks.common import load_node_output
 
         self.it += 1
         cfg = self.cfg.model_copy(update={"trainer": self.cfg.trainer.model_copy(update={"task_runner": task_runner})})
         flow = iteration.with_options(task_runner=_task_runner(cfg))
-        prompts = self.state.next_prompts(self.it)
+        prompts = self.state.prompts.next_prompts(self.it)
         t0 = time.time()
-        out = call_iteration(flow, self.base.with_iteration(self.it), self.state.flow_inputs(prompts))
+        inputs = flow_input_values(self.cfg, prompts, self.state.trainer)
+        out = call_iteration(flow, self.base.with_iteration(self.it), inputs)
         t1 = time.time()
         _check_update(self.cfg, self.state.trainer, out, self.it)
         batch = load_node_output(out.results["rollout"])
@@ -146,7 +149,7 @@ class HybridflowRunner:
 
         try:
             if getattr(self, "_pools", None) is not None:
-                self._pools.close()  # run_pools' exit: destroy the pools (unless placement.keep_pools)
+                self._pools.close()  # open_pools' exit: destroy the pools (unless placement.keep_pools)
             if getattr(self, "_client", None) is not None:
                 self._client.close()
             if self._owns_ray and ray.is_initialized():

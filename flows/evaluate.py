@@ -1,8 +1,8 @@
 """The evaluate flow: a checkpoint of a run, or a model, on a dataset — pass@k / mean@k per data source.
 
 Runs with the training machinery, not beside it: the prompts go through the same
-PromptDataset, a policy pool and a reward pool are brought up on Ray (only those two roles:
-no reference, critic or KL is needed to evaluate), and the ``validate`` node task generates
+PromptDataset, the pools of the policy and reward roles are brought up on Ray
+(:func:`flows.run_pools.open_pools`; no reference, critic or KL is needed to evaluate), and the ``validate`` node task generates
 and scores (``val-core/<data_source>/acc/mean@k``, and ``pass@k`` when k > 1). Results go to
 MLflow as a run of their own in the experiment, tagged with what was evaluated, and to
 ``<eval dir>/eval.json``:
@@ -68,35 +68,14 @@ def _save_prompts(run: RunContext, cfg: ExperimentConfig) -> tuple[NodeResult, A
     return NodeResult(node="val_prompts", ref=ref), tokenizer
 
 
-def _release(pools: dict[str, Any]) -> None:
-    from workers.pool import destroy_pool
-
-    for pool in pools.values():
-        if "reward" in pool.roles:
-            try:  # stop the reward processes before their actor goes
-                pool.role("reward").close(timeout_s=30)
-            except Exception:  # noqa: BLE001 - best effort; the actor is killed next anyway
-                pass
-        destroy_pool(pool)
-
-
 def _run_validate(run: RunContext, cfg: ExperimentConfig, prompts: NodeResult) -> NodeResult:
-    """Bring up the eval pools (no checkpoint restore: the model path is the weights), run the
-    ``validate`` node task, and take the pools down again."""
-    from flows.runtime import ensure_ray
-    from workers.pool import create_pool
+    """Bring up the pools of the ``validate`` node's roles (no checkpoint restore: the model path
+    is the weights), run the node task, and take the pools down again."""
+    from flows.run_pools import open_pools
 
-    ensure_ray(cfg)
-    pools: dict[str, Any] = {}
-    try:
-        for name, pool_cfg in cfg.placement.pools.items():
-            if set(pool_cfg.roles) <= {"rollout"}:  # asynchronous training's generator: validate uses the policy
-                continue
-            pools[name] = create_pool(cfg, name, namespace=run.namespace, ckpt_root=None)
+    with open_pools(cfg, validate.roles, namespace=run.namespace):
         task = validate.task.with_options(result_storage=result_storage_path(run.run_dir))
         return task(run=run, val_prompts=prompts)
-    finally:
-        _release(pools)
 
 
 def per_source_table(metrics: dict[str, float], scored: Any, k: int) -> dict[str, dict[str, float]]:

@@ -47,6 +47,16 @@ def flow_inputs(cfg: ExperimentConfig) -> tuple[str, ...]:
     return (first, "kl_coef", "policy_version") + (("critic_version",) if cfg.needs_critic else ())
 
 
+def flow_input_values(cfg: ExperimentConfig, first: NodeResult, trainer: Any) -> dict[str, Any]:
+    """The iteration's inputs by :func:`flow_inputs`' names: ``first`` (what the driver's feed
+    took: the prompts' NodeResult, or the RolloutResult generated ahead), and from ``trainer``
+    (a :class:`flows.trainer_state.TrainerState`) ``kl_coef`` and the weights versions."""
+    values = {"kl_coef": trainer.kl_coef, "policy_version": trainer.policy_version,
+              "critic_version": trainer.critic_version}
+    names = flow_inputs(cfg)
+    return {names[0]: first, **{name: values[name] for name in names[1:]}}
+
+
 def builtin_dataflow(cfg: ExperimentConfig) -> DataFlow:
     """The iteration's nodes for ``cfg``, their edges written where they take effect."""
     # asynchronous: the rollout is a flow input (the driver runs it ahead on the rollout pool) and

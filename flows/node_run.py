@@ -118,25 +118,6 @@ def isolate_roles(cfg: Any, roles: tuple[str, ...]) -> Any:
     return config_from_dict(d)
 
 
-def _start_pool(cfg: Any, namespace: str) -> Any:
-    from flows.runtime import ensure_ray
-    from workers.pool import create_pool
-
-    ensure_ray(cfg)
-    return create_pool(cfg, DEBUG_POOL, namespace=namespace, ckpt_root=None)
-
-
-def _stop_pool(pool: Any) -> None:
-    from workers.pool import destroy_pool
-
-    if "reward" in pool.roles:
-        try:
-            pool.role("reward").close(timeout_s=30)
-        except Exception:  # noqa: BLE001 - best effort before the actor is killed
-            pass
-    destroy_pool(pool)
-
-
 # ---- running ---------------------------------------------------------------------------------
 
 
@@ -164,6 +145,7 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
     (``ref``: the saved ``<node>.debug`` batch, or None).
     Raises NodeRunError (unknown / not runnable node, missing iteration or input), ConfigError."""
     from flows.iteration import build_dataflow
+    from flows.run_pools import open_pools
     from hybridflow.config import load_config
     from hybridflow.metric_names import node_time_metric
     from tasks.common import RunContext
@@ -190,14 +172,10 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
     namespace = namespace_for(f"{root.name}-node-{name}-{uuid.uuid4().hex[:6]}")
     run = RunContext(root.name, str(root), iteration, namespace, cfg.trainer.seed, run_cfg.model_dump(mode="json"))
     inputs = gather_inputs(df, name, run, cfg, use_debug=use_debug_inputs)
-    pool = _start_pool(run_cfg, namespace) if roles else None
-    try:
+    with open_pools(run_cfg, roles, namespace=namespace):  # only node-debug holds the roles; none: no Ray
         start = time.perf_counter()
         result = _save_output(run, output, df.node(name).fn(run, **inputs))
         return result.with_metrics({node_time_metric(name): time.perf_counter() - start})
-    finally:
-        if pool is not None:
-            _stop_pool(pool)
 
 
 def run_metrics(run_dir: str, iteration: int) -> dict[str, float]:

@@ -1,13 +1,13 @@
 """Rollouts ahead of the trainer: the driver's side of asynchronous training (docs/async.md).
 
-With a separate rollout pool the train flow keeps up to ``trainer.max_staleness + 1`` rollout
-nodes in flight as Prefect futures. Before iteration k trains, the rollouts of iterations
+With a separate rollout pool the train flow keeps up to ``trainer.max_staleness + 1`` rollouts
+in flight as Prefect futures of its ``generate_ahead`` task (:data:`tasks.rollout.generate_ahead`). Before iteration k trains, the rollouts of iterations
 k … k + s (s = max_staleness) are submitted; each new one is generated with the policy weights
 the trainer has at that moment (``policy_version`` after iteration k−1's update), so the rollout
 of iteration j always uses the weights after iteration j−1−s's update — a fixed schedule, which
 a resumed run replays exactly::
 
-    iteration k:   rollout(k+s, weights v_{k-1})  ‖  old_log_probs ‖ reward … ─► update(k) ─► publish v_k
+    iteration k:   generate_ahead(k+s, weights v_{k-1})  ‖  old_log_probs ‖ reward … ─► update(k) ─► publish v_k
 
 A rollout older than the bound when its iteration trains (``policy_version − rollout_version >
 max_staleness``, e.g. the bound was lowered on a resume) is never trained on:
@@ -25,11 +25,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
+from flows.feeds import Taken
 from hybridflow.metric_names import METRIC_NAMES as M
 from tasks.types import NodeResult, RolloutResult
+
+if TYPE_CHECKING:
+    from flows.iteration import IterationResult
+    from flows.trainer_state import TrainerState
+    from hybridflow.config import TrainerConfig
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:
@@ -62,44 +68,44 @@ class _Ahead:
         return self.result
 
 
-@dataclass
-class Taken:
-    """What :meth:`RolloutsAhead.take` gives an iteration: the rollout to train on (None: dropped
-    as stale) and the staleness metrics."""
-
-    rollout: RolloutResult | None
-    metrics: dict[str, float] = field(default_factory=dict)
+class PromptSource(Protocol):
+    def next_prompts(self, iteration: int) -> NodeResult | None: ...
 
 
 class RolloutsAhead:
-    """The rollouts in flight (see the module docstring). ``submit(iteration, prompts, version,
-    key, wait_for)`` submits the rollout node (after the futures ``wait_for``) and returns its
-    Prefect future; ``state``: the RunSession (prompts, the trainer's versions, the bound)."""
+    """The rollouts in flight (see the module docstring), a :class:`~flows.feeds.Feed`.
 
-    def __init__(self, state: Any, submit: Callable[..., Any]):
-        self.state, self.submit = state, submit
-        self.bound = state.cfg.trainer.max_staleness
+    prompts: where each rollout's prompts come from (a :class:`~flows.feeds.PromptFeed`);
+    trainer: the live trainer state (its ``policy_version`` is read when a rollout is submitted
+    and taken; its ``rollouts`` — a checkpoint's rollouts in flight — are taken over and cleared);
+    trainer_cfg: ``max_staleness``, ``staleness_policy``, ``total_iterations``;
+    ``submit(iteration, prompts, version, key, wait_for)`` submits the ``generate_ahead`` task
+    (after the futures ``wait_for``, Prefect dynamic key ``key``) and returns its Prefect future."""
+
+    def __init__(self, prompts: PromptSource, trainer: TrainerState, trainer_cfg: TrainerConfig,
+                 submit: Callable[..., Any]):
+        self.prompts, self.trainer, self.trainer_cfg, self.submit = prompts, trainer, trainer_cfg, submit
+        self.bound = trainer_cfg.max_staleness
         self.ahead: dict[int, _Ahead] = {}
         self.exhausted = False
-        self.trainer_phases: list[tuple[float, float]] = []
-        for it, rec in sorted((int(k), v) for k, v in state.trainer.rollouts.items()):  # from the checkpoint
+        for it, rec in sorted((int(k), v) for k, v in trainer.rollouts.items()):  # from the checkpoint
             result = NodeResult.of(rec["rollout"])
             self.ahead[it] = _Ahead(NodeResult.of(rec["prompts"]), result.rollout_version, 0.0, result=result)
-        state.trainer.rollouts = {}
+        trainer.rollouts = {}
 
     # ---- the schedule ----
     def fill(self, iteration: int) -> None:
         """Submit the rollouts of ``iteration`` … ``iteration + max_staleness`` not yet in flight,
         with the trainer's current policy version (until the data or total_iterations runs out)."""
-        last = min(iteration + self.bound, self.state.cfg.trainer.total_iterations)
+        last = min(iteration + self.bound, self.trainer_cfg.total_iterations)
         for j in range(iteration, last + 1):
             if j in self.ahead or self.exhausted:
                 continue
-            prompts = self.state.next_prompts(j)
+            prompts = self.prompts.next_prompts(j)
             if prompts is None:
                 self.exhausted = True
                 return
-            version = self.state.trainer.policy_version
+            version = self.trainer.policy_version
             before = [e.future for _, e in sorted(self.ahead.items()) if e.future is not None and e.result is None]
             # in iteration order: the rollout pool serves one at a time, and the next needs this one first
             self.ahead[j] = _Ahead(prompts, version, time.time(), self.submit(j, prompts, version, j, before[-1:]))
@@ -112,14 +118,14 @@ class RolloutsAhead:
         if entry is None:
             return None
         rollout = entry.wait()
-        current = self.state.trainer.policy_version
+        current = self.trainer.policy_version
         staleness = current - rollout.rollout_version
         metrics = {M["staleness_mean"]: float(staleness), M["staleness_max"]: float(staleness),
                    M["rollout_weights_version"]: float(rollout.rollout_version), M["dropped_stale"]: 0.0}
         if staleness <= self.bound:
             return Taken(rollout, metrics)
         log = _logger()
-        if self.state.cfg.trainer.staleness_policy == "drop":
+        if self.trainer_cfg.staleness_policy == "drop":
             rows = rollout.ref.rows if rollout.ref is not None else 0
             log.warning("iteration %d: rollout of weights v%d is %d versions behind the trainer (max_staleness=%d): "
                         "dropped %d trajectories", iteration, rollout.rollout_version, staleness, self.bound, rows)
@@ -132,6 +138,13 @@ class RolloutsAhead:
         return Taken(rollout, {**metrics, M["staleness_mean"]: 0.0, M["staleness_max"]: 0.0,
                                M["rollout_weights_version"]: float(rollout.rollout_version),
                                M["regenerated_stale"]: float(rollout.ref.rows if rollout.ref else 0)})
+
+    def settle(self, taken: Taken, out: IterationResult, phase: tuple[float, float], wall_s: float) -> None:
+        """The rollout joins the iteration's results (``rollout``), its metrics and the overlap
+        metric (:meth:`overlap`) its metrics."""
+        out.results["rollout"] = taken.first
+        out.metrics.update(taken.first.metrics)
+        out.metrics.update(self.overlap(phase, taken.first, wall_s))
 
     def in_flight(self) -> dict[str, dict[str, Any]]:
         """Wait for every rollout in flight and return them as the checkpoint records them:
@@ -159,4 +172,4 @@ class RolloutsAhead:
         return {M["overlap_s"]: busy, M["overlap_fraction"]: busy / wall_s if wall_s > 0 else 0.0}
 
 
-__all__ = ["RolloutsAhead", "Taken"]
+__all__ = ["RolloutsAhead", "Taken", "REGENERATE_KEY_OFFSET"]

@@ -1,44 +1,61 @@
-"""The pools' lifetime for one run: ``with run_pools(cfg, namespace, ckpt_root) as pools: ...``.
+"""The pools' lifetime, one way for every command: ``with open_pools(cfg, roles, ...) as pools: ...``.
 
-Entering checks the reward function (before Ray and the pools: a clear error, not a dead actor),
-starts or joins Ray (:func:`flows.runtime.ensure_ray`) and creates every pool of
-``cfg.placement.pools``; leaving destroys them, on success and on error alike, unless
-``placement.keep_pools`` keeps them for the next run (a notebook, a sweep).
+Train brings up every pool of ``cfg.placement.pools`` for the run; evaluate only the pools of
+the ``validate`` node's roles (policy, reward); ``hybridflow node run`` the one debug pool of
+the node's roles. Entering checks the reward function when a reward pool is among them (before
+Ray and the pools: a clear error, not a dead actor), starts or joins Ray
+(:func:`flows.runtime.ensure_ray`) and creates the pools; leaving destroys them, on success and
+on error alike, unless ``keep`` (train: ``placement.keep_pools``) keeps them for the next run (a
+notebook, a sweep).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from hybridflow.config import ExperimentConfig
 
 
-@contextmanager
-def run_pools(cfg: ExperimentConfig, namespace: str, ckpt_root: str) -> Iterator[dict[str, Any]]:
-    """Bring the run's pools up; yields {pool name: ``workers.pool.Pool``}.
+def pools_for(cfg: ExperimentConfig, roles: Collection[str] | None) -> list[str]:
+    """The names of the pools of ``cfg.placement.pools`` that hold any of ``roles`` (None: all),
+    in config order."""
+    return [name for name, p in cfg.placement.pools.items() if roles is None or set(p.roles) & set(roles)]
 
-    namespace: the run's Ray namespace (``workers.pool.namespace_for(run_id)``); ckpt_root: the
-    run's ``checkpoints/`` (a restarted worker restores from it). Raises PreflightError (the
-    reward function does not load), PoolError / PoolResourceError (a pool cannot be placed or
-    started; the pools created before it are left to Ray, as a failed start always did).
+
+@contextmanager
+def open_pools(cfg: ExperimentConfig, roles: Collection[str] | None = None, *, namespace: str,
+               ckpt_root: str | None = None, keep: bool = False) -> Iterator[dict[str, Any]]:
+    """Bring up the pools holding ``roles`` (None: every pool; empty: none, and no Ray); yields
+    {pool name: ``workers.pool.Pool``}.
+
+    namespace: the Ray namespace (``workers.pool.namespace_for(run_id)``); ckpt_root: the run's
+    ``checkpoints/`` (a restarted worker restores from it; None: the model path is the weights);
+    keep: leave the pools up at exit. Raises PreflightError (the reward function does not load),
+    PoolError / PoolResourceError (a pool cannot be placed or started; the pools created before
+    it are destroyed unless ``keep``).
     """
     from flows.preflight import check_reward_function
     from flows.runtime import ensure_ray
-    from workers.pool import create_pools
+    from workers.pool import create_pool, destroy_pool
 
-    check_reward_function(cfg)
+    names = pools_for(cfg, roles)
+    if not names:
+        yield {}
+        return
+    if any("reward" in cfg.placement.pools[n].roles for n in names):
+        check_reward_function(cfg)
     ensure_ray(cfg)
-    pools = create_pools(cfg, namespace=namespace, ckpt_root=ckpt_root)
+    pools: dict[str, Any] = {}
     try:
+        for name in names:
+            pools[name] = create_pool(cfg, name, namespace=namespace, ckpt_root=ckpt_root)
         yield pools
     finally:
-        if not cfg.placement.keep_pools:
-            from workers.pool import destroy_pool
-
+        if not keep:
             for pool in pools.values():
                 destroy_pool(pool)
 
 
-__all__ = ["run_pools"]
+__all__ = ["open_pools", "pools_for"]

@@ -1,9 +1,9 @@
-"""The driver's side of one training run: its folder, data, sampler and trainer state, the
-prompts of each iteration, resume from the latest checkpoint, and the end-of-run summary.
+"""The driver's side of one training run: its folder, data, prompt feed and trainer state,
+resume from the latest checkpoint, and the end-of-run summary.
 
 The parts live apart: the folder's layout and files in :mod:`flows.run_dir` (``RunDir``), what a
-checkpoint holds for the driver in :mod:`flows.trainer_state` (``TrainerState``), the pools'
-lifetime in :mod:`flows.run_pools`. :func:`open_run` creates or reopens a run and returns the
+checkpoint holds for the driver in :mod:`flows.trainer_state` (``TrainerState``), the prompts of
+each iteration in :mod:`flows.feeds` (``PromptFeed``), the pools' lifetime in :mod:`flows.run_pools`. :func:`open_run` creates or reopens a run and returns the
 :class:`RunSession` that ties them together for the train flow.
 """
 
@@ -13,6 +13,7 @@ import dataclasses
 import time
 from typing import Any
 
+from flows.feeds import PromptFeed, save_prompts
 from flows.run_dir import RunDir
 from flows.run_lock import resolve_run_dir
 from flows.trainer_state import TrainerState
@@ -24,10 +25,11 @@ from workers.pool import namespace_for
 
 
 class RunSession:
-    """One open run (from :func:`open_run`): config, folder, data, sampler and trainer state.
+    """One open run (from :func:`open_run`): config, folder, data, prompt feed and trainer state.
 
     ``trainer`` is the live :class:`TrainerState` (versions, KL coefficient, NaN-update count,
     MLflow run); :meth:`trainer_state` snapshots it, with the sampler, for a checkpoint.
+    ``prompts`` is the :class:`~flows.feeds.PromptFeed` (the sampler over the training set).
     ``start_iteration`` is the first iteration to run (after the restored checkpoint's);
     ``last_iteration`` / ``last_checkpoint_iteration`` / ``last_val_iteration`` the latest logged,
     checkpointed and validated ones.
@@ -80,7 +82,7 @@ class RunSession:
     def trainer_state(self, iteration: int) -> TrainerState:
         """A snapshot of the trainer state at the end of ``iteration``, with the sampler's
         position: what the checkpoint of that iteration saves (``.to_dict()``)."""
-        return dataclasses.replace(self.trainer, iteration=iteration, sampler=self.sampler.state_dict())
+        return dataclasses.replace(self.trainer, iteration=iteration, sampler=self.prompts.sampler.state_dict())
 
     def restore(self) -> None:
         """Driver state from the checkpoint a resume loads: the latest one that matches its manifest
@@ -93,7 +95,7 @@ class RunSession:
         if path is None:
             return
         state = TrainerState.read(path)
-        self.sampler.load_state_dict(state.sampler)
+        self.prompts.sampler.load_state_dict(state.sampler)
         self.trainer = state
         self.start_iteration = state.iteration + 1
         self.last_iteration = self.last_checkpoint_iteration = state.iteration
@@ -108,30 +110,9 @@ class RunSession:
         data = load_datasets(cfg)  # PreflightError naming key, file, row, value
         self.tokenizer, self.train_set, self.val_set = data.tokenizer, data.train_set, data.val_set
         self.data_report, self.data_skip_reasons = data.report, data.skip_reasons
-        self.sampler = PromptSampler(len(self.train_set), cfg.data.prompts_per_step, shuffle=cfg.data.shuffle,
-                                     seed=cfg.trainer.seed, drop_last=cfg.data.drop_last)
-
-    def _save_prompts(self, iteration: int, node: str, indices: list[int], dataset: Any) -> NodeResult:
-        batch = dataset.collate(indices)
-        run = self.context(iteration)
-        ref = batch.save(run.batch_uri(node), run_id=self.run_id, iteration=iteration, node=node)
-        return NodeResult(node=node, ref=ref)
-
-    def next_prompts(self, iteration: int) -> NodeResult | None:
-        if self.sampler.epoch >= self.cfg.trainer.total_epochs:
-            return None
-        indices = self.sampler.next_indices()
-        return self._save_prompts(iteration, "prompts", list(indices), self.train_set)
-
-    def flow_inputs(self, prompts: NodeResult) -> dict[str, Any]:
-        """The iteration subflow's inputs (:func:`flows.iteration.flow_inputs`): ``prompts`` is the
-        prompts' NodeResult, or with a separate rollout pool the iteration's RolloutResult."""
-        first = "rollout" if self.cfg.uses_rollout_pool else "prompts"
-        inputs: dict[str, Any] = {first: prompts, "kl_coef": self.trainer.kl_coef,
-                                  "policy_version": self.trainer.policy_version}
-        if self.cfg.needs_critic:
-            inputs["critic_version"] = self.trainer.critic_version
-        return inputs
+        sampler = PromptSampler(len(self.train_set), cfg.data.prompts_per_step, shuffle=cfg.data.shuffle,
+                                seed=cfg.trainer.seed, drop_last=cfg.data.drop_last)
+        self.prompts = PromptFeed(sampler, self.train_set, cfg.trainer.total_epochs, self.context)
 
     def prepare_validation(self) -> None:
         """Save the validation prompts (``iter_000000/val_prompts``); called once the pools are up."""
@@ -140,7 +121,7 @@ class RunSession:
         n = len(self.val_set)
         if self.cfg.data.val_max_prompts:
             n = min(n, self.cfg.data.val_max_prompts)
-        self.val_prompts = self._save_prompts(0, "val_prompts", list(range(n)), self.val_set)
+        self.val_prompts = save_prompts(self.context(0), "val_prompts", list(range(n)), self.val_set)
 
     # ---- reporting ----
     def sample_rows(self, results: dict[str, NodeResult], limit: int = 8) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """The train flow: validate the config, bring up the pools, loop iterations (each a subflow),
 validate, checkpoint, resume, and end with a summary.
 
-Reads top to bottom like DESIGN.md: for each step the sampler picks prompts, the iteration
-subflow runs rollout → reward ‖ reference ‖ values → advantage → update, metrics go to
-MLflow, and every ``save_every`` iterations the pools checkpoint.
+Reads top to bottom like DESIGN.md: for each step the feed (:mod:`flows.feeds`) gives the
+iteration its input — the sampler's prompts, or a rollout generated ahead by the ``generate_ahead``
+task on a rollout pool — the iteration subflow runs rollout → reward ‖ reference ‖ values →
+advantage → update, metrics go to MLflow, and every ``save_every`` iterations the pools checkpoint.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
-from flows.iteration import IterationResult, build_dataflow, call_iteration
+from flows.feeds import Feed, open_feed
+from flows.iteration import IterationResult, build_dataflow, call_iteration, flow_input_values
 from flows.observe import RunObserver
-from flows.rollout_ahead import RolloutsAhead
-from flows.run_pools import run_pools
+from flows.run_pools import open_pools
 from flows.run_state import RunSession, open_run
 from flows.tracking import Tracker, redact
 from flows.trainer_state import TrainerState
@@ -62,12 +63,13 @@ class _RewardGuard:
         self.in_a_row = 0
 
     def check(self, out: IterationResult, it: int) -> None:
-        from hybridflow.rewards.executor import FAILURE_METRICS
+        """Count iteration ``it`` by its reward node's :class:`~tasks.types.RewardResult` (a reward
+        node that returns another type decides nothing); raises TrainingStopped at the limit."""
+        from tasks.types import RewardResult
 
         result = out.results.get("reward")
-        rows = result.ref.rows if result is not None and result.ref is not None else 0
-        failed = sum(out.metrics.get(name, 0.0) for name in FAILURE_METRICS.values())
-        if not rows or failed < rows:
+        rows = result.ref.rows if isinstance(result, RewardResult) and result.ref is not None else 0
+        if not rows or result.failed_rows < rows:
             self.in_a_row = 0
             return
         self.in_a_row += 1
@@ -75,14 +77,11 @@ class _RewardGuard:
         get_run_logger().warning("iteration %d: the reward failed on every row (%d iterations in a row, limit %d)",
                                  it, self.in_a_row, limit)
         if self.in_a_row >= limit:
-            from tasks.common import load_node_output
-
-            errors = [e for e in load_node_output(result).non_tensors.get("reward_error") or [] if e]
             fn = f"reward.function={self.cfg.reward.function}" if self.cfg.reward.function else "the rule rewards"
             raise TrainingStopped(
                 f"{fn} failed on every row for {self.in_a_row} iterations in a row "
                 f"(reward.max_failure_iterations={limit}); stopping at iteration {it}. "
-                f"Last error: {errors[-1] if errors else 'unknown'}"
+                f"Last error: {result.last_error or 'unknown'}"
             )
 
 
@@ -136,16 +135,23 @@ def _subflow_key(subflow: Any) -> str:
     return Task(name=subflow.name, fn=subflow.fn).task_key
 
 
-def _submit(cfg: ExperimentConfig, task: Any, **kwargs: Any) -> Any:
-    """Run a driver-level node task on the task runner (zero CPUs: it only coordinates)."""
+def _submit_task(cfg: ExperimentConfig, task: Any, key: int, wait_for: list | None = None, **kwargs: Any) -> Any:
+    """Submit a driver-level node task (``validate``, ``checkpoint``, ``generate_ahead``) on the task
+    runner with the run's result storage, Prefect dynamic key ``key`` and zero CPUs (it only
+    coordinates: it waits on a pool); returns its Prefect future."""
     node_task = task.task.with_options(result_storage=result_storage_path(kwargs["run"].run_dir))
-    _key_by_iteration(node_task.task_key, kwargs["run"].iteration)
+    _key_by_iteration(node_task.task_key, key)
     if cfg.trainer.task_runner == "ray":
         from prefect_ray.context import remote_options
 
         with remote_options(num_cpus=0):
-            return node_task.submit(**kwargs).result()
-    return node_task.submit(**kwargs).result()
+            return node_task.submit(**kwargs, wait_for=wait_for or None)
+    return node_task.submit(**kwargs, wait_for=wait_for or None)
+
+
+def _submit(cfg: ExperimentConfig, task: Any, **kwargs: Any) -> Any:
+    """Run a driver-level node task for ``run.iteration`` and wait for its result."""
+    return _submit_task(cfg, task, kwargs["run"].iteration, **kwargs).result()
 
 
 def _validate(cfg: ExperimentConfig, state: RunSession, run: RunContext, tracker: Tracker,
@@ -199,13 +205,12 @@ def _check_update(cfg: ExperimentConfig, trainer: TrainerState, out: IterationRe
         metrics["actor/bad_updates_in_a_row"] = 0.0
 
 
-def _checkpoint(cfg: ExperimentConfig, state: RunSession, run: RunContext, observer: RunObserver,
-                final: bool = False, ahead: RolloutsAhead | None = None) -> None:
-    """Checkpoint iteration ``run.iteration``; with rollouts in flight (``ahead``) they are waited
-    for and recorded in the trainer state, so a resume trains on them as this run would."""
+def _checkpoint(cfg: ExperimentConfig, state: RunSession, run: RunContext, observer: RunObserver, feed: Feed,
+                final: bool = False) -> None:
+    """Checkpoint iteration ``run.iteration`` with what the feed has in flight (waited for and
+    recorded in the trainer state, so a resume trains on them as this run would)."""
     trainer_state = state.trainer_state(run.iteration)
-    if ahead is not None:
-        trainer_state.rollouts = ahead.in_flight()
+    trainer_state.rollouts = feed.in_flight()
     _submit(cfg, checkpoint, run=run, trainer_state=trainer_state.to_dict())
     state.last_checkpoint_iteration = run.iteration
     observer.checkpoint_saved(run.iteration, final=final or run.iteration == cfg.trainer.total_iterations)
@@ -240,39 +245,24 @@ def _open(cfg: ExperimentConfig, resume: str | None, flow_run_id: str) -> tuple[
     return state, tracker
 
 
-def _iteration_inputs(state: RunSession, ahead: RolloutsAhead | None, it: int) -> tuple[Any, dict[str, float]] | None:
-    """Iteration ``it``'s first input — its prompts, or (asynchronous) its rollout, None when dropped
-    as stale — and metrics about it; None when the data is exhausted."""
-    if ahead is None:
-        prompts = state.next_prompts(it)
-        return None if prompts is None else (prompts, {})
-    taken = ahead.take(it)
-    return None if taken is None else (taken.rollout, taken.metrics)
-
-
 def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, run: RunContext, tracker: Tracker,
-                   rewards: _RewardGuard, ahead: RolloutsAhead | None = None) -> IterationResult | None:
-    """Iteration ``run.iteration`` as a subflow (``iteration_key``: its parent task's key), its
-    update checked and its metrics logged; None when the data is exhausted. ``ahead``: the
-    rollouts in flight (asynchronous training), which give the iteration its rollout."""
+                   rewards: _RewardGuard, feed: Feed) -> IterationResult | None:
+    """Iteration ``run.iteration`` as a subflow (``iteration_key``: its parent task's key) on what
+    ``feed`` takes for it, its update checked and its metrics logged; None when the data is exhausted."""
     cfg, it = state.cfg, run.iteration
     t0 = time.perf_counter()
-    got = _iteration_inputs(state, ahead, it)
-    if got is None:
+    taken = feed.take(it)
+    if taken is None:
         get_run_logger().info("data exhausted after %d epochs", cfg.trainer.total_epochs)
         return None
-    first, extra = got
-    if first is None:  # a stale rollout dropped (trainer.staleness_policy=drop): no update this iteration
-        out = IterationResult({}, dict(extra))
+    if taken.first is None:  # a stale rollout dropped (trainer.staleness_policy=drop): no update this iteration
+        out = IterationResult({}, dict(taken.metrics))
     else:
         _key_by_iteration(iteration_key, it)  # a retried flow run files iteration k under iteration-k
         phase_start = time.time()
-        out = call_iteration(iteration_flow, run, state.flow_inputs(first))
-        out.metrics.update(extra)
-        if ahead is not None:
-            out.results["rollout"] = first
-            out.metrics.update(first.metrics)
-            out.metrics.update(ahead.overlap((phase_start, time.time()), first, time.perf_counter() - t0))
+        out = call_iteration(iteration_flow, run, flow_input_values(cfg, taken.first, state.trainer))
+        out.metrics.update(taken.metrics)
+        feed.settle(taken, out, (phase_start, time.time()), time.perf_counter() - t0)
     out.metrics["timing_s/iteration_wall"] = time.perf_counter() - t0
     try:
         _check_update(cfg, state.trainer, out, it)
@@ -283,25 +273,17 @@ def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, r
     return out
 
 
-def _rollouts_ahead(state: RunSession, base: RunContext) -> RolloutsAhead | None:
-    """With a separate rollout pool: the schedule of rollouts in flight, submitting the rollout node
-    as a Prefect future of the train flow (so the UI shows it beside the iteration it overlaps)."""
-    if not state.cfg.uses_rollout_pool:
-        if state.trainer.rollouts:  # resumed synchronously from an asynchronous run's checkpoint
-            get_run_logger().warning(
-                "the checkpoint recorded the rollouts of iterations %s in flight; without a rollout pool they are not "
-                "trained on (their prompts are skipped)", ", ".join(sorted(state.trainer.rollouts, key=int)))
-            state.trainer.rollouts = {}
-        return None
-    from tasks.rollout import rollout
+def _feed(state: RunSession, base: RunContext) -> Feed:
+    """The run's feed (:func:`flows.feeds.open_feed`); rollouts ahead are ``generate_ahead`` tasks of
+    this flow (the UI shows them beside the iteration they overlap), keyed ``key`` and submitted
+    after the futures ``wait_for``."""
+    from tasks.rollout import generate_ahead
 
     def submit(iteration: int, prompts: Any, version: int, key: int, wait_for: list) -> Any:
-        run = base.with_iteration(iteration)
-        node_task = rollout.task.with_options(result_storage=result_storage_path(run.run_dir))
-        _key_by_iteration(node_task.task_key, key)
-        return node_task.submit(run=run, prompts=prompts, policy_version=version, wait_for=wait_for or None)
+        return _submit_task(state.cfg, generate_ahead, key, wait_for, run=base.with_iteration(iteration),
+                            prompts=prompts, policy_version=version)
 
-    return RolloutsAhead(state, submit)
+    return open_feed(state.cfg, state.prompts, state.trainer, submit)
 
 
 def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver) -> None:
@@ -313,20 +295,20 @@ def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver) -> N
     iteration_flow = iteration.with_options(task_runner=_task_runner(cfg))
     iteration_key = _subflow_key(iteration_flow)
     base = state.context(0)
-    ahead = _rollouts_ahead(state, base)
+    feed = _feed(state, base)
     if cfg.trainer.val_before_train and state.start_iteration == 1:
         _validate(cfg, state, base, tracker, observer)
     for it in range(state.start_iteration, cfg.trainer.total_iterations + 1):
-        out = _run_iteration(state, iteration_flow, iteration_key, base.with_iteration(it), tracker, rewards, ahead)
+        out = _run_iteration(state, iteration_flow, iteration_key, base.with_iteration(it), tracker, rewards, feed)
         if out is None:
             break
         observer.iteration_done(it, out.metrics)
         if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
             _validate(cfg, state, base.with_iteration(it), tracker, observer)
         if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:
-            _checkpoint(cfg, state, base.with_iteration(it), observer, ahead=ahead)
+            _checkpoint(cfg, state, base.with_iteration(it), observer, feed)
     if state.last_iteration > state.last_checkpoint_iteration:  # data ran out before total_iterations
-        _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, final=True, ahead=ahead)
+        _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, feed, final=True)
     if cfg.trainer.val_every and state.last_val_iteration != state.last_iteration and state.val_prompts:
         _validate(cfg, state, base.with_iteration(state.last_iteration), tracker, observer)
 
@@ -350,7 +332,8 @@ def train(
     try:
         build_dataflow(state.cfg)  # a bad trainer.dataflow is a ConfigError now, before any model loads
         observer.started()
-        with run_pools(state.cfg, state.namespace, state.dir.checkpoints):
+        with open_pools(state.cfg, namespace=state.namespace, ckpt_root=state.dir.checkpoints,
+                        keep=state.cfg.placement.keep_pools):
             state.prepare_validation()  # after the pools are up, as the run always did
             _train_loop(state, tracker, observer)
         status = "FINISHED"

@@ -86,13 +86,14 @@ def _ref_fingerprint(value: Any) -> Any:
     raise TypeError(f"cannot make a cache key from {type(value).__name__}")
 
 
-def node_cache_key(context: Any, parameters: dict[str, Any]) -> str:
+def node_cache_key(context: Any, parameters: dict[str, Any], node: str | None = None) -> str:
     """Cache key = (run id, iteration, node, input refs): never a hash of tensors (torch tensors
-    pickle differently every time, so a default input hash would never hit). The record stored
+    pickle differently every time, so a default input hash would never hit). ``node``: the node
+    whose output the task writes (default: the task's name). The record stored
     under that key is checked first (:func:`tasks.results.guard_cached_record`): Prefect would
     deserialize it with whatever serializer it names, pickle included."""
     run = parameters["run"]
-    node = context.task.name
+    node = node or context.task.name
     inputs = {k: _ref_fingerprint(v) for k, v in sorted(parameters.items()) if k != "run"}
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
     key = f"{run.run_id}-iter{run.iteration:06d}-{node}-{digest}"

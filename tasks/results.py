@@ -46,6 +46,7 @@ _CODE_KEYS = ("__class__", "__exc_type__")  # what Prefect's JSON decoder turns 
 _KIND_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "node": {}, "advantage": {"kl_coef_next": (int, float, type(None))}, "update": {"applied": (bool,), "version": (int,)},
     "rollout": {"rollout_version": (int,), "started_at": (int, float), "finished_at": (int, float)},
+    "reward": {"failed_rows": (int,), "last_error": (str, type(None))},
 }
 
 

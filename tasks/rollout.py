@@ -1,18 +1,23 @@
 """rollout node: generate n responses per prompt; old_log_probs are recomputed on the same weights,
 or taken from the engine's rollout_log_probs (``actor.old_log_probs``).
 
-With a separate rollout pool (asynchronous training, ``trainer.max_staleness``) the rollout node
-generates there with the weights version its iteration's schedule names and returns a
+With a separate rollout pool (asynchronous training, ``trainer.max_staleness``) the train flow's
+``generate_ahead`` task generates each iteration's rollout there, ahead of the iteration, with
+the weights version the schedule names (:mod:`flows.rollout_ahead`) and returns a
 :class:`~tasks.types.RolloutResult`; the ``old_log_probs`` node then computes the trainer's
-(proximal) log-probs on the policy pool at the version the update starts from."""
+(proximal) log-probs on the policy pool at the version the update starts from. Its output is the
+iteration's ``rollout`` (``iter_<k>/rollout``, the ``rollout`` cache key, ``timing_s`` and
+execution-log name), as when the rollout node itself ran ahead."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 
 from hybridflow.batch import Batch, BatchError
-from tasks.common import RunContext
-from tasks.node import node
+from tasks.common import RunContext, node_cache_key
+from tasks.node import Node, node
 from tasks.pools import pool_of
 from tasks.types import RolloutResult
 
@@ -23,10 +28,7 @@ def rollout(run: RunContext, prompts: Batch, policy_version: int | None = None) 
     (n rows per prompt) with response_ids/mask, rollout_log_probs and old_log_probs.
     policy_version: the weights_version this iteration generates with; a policy worker that
     restarted from an older checkpoint is first brought to it by replaying the update ledger.
-    On a separate rollout pool: generated with exactly the weights of ``policy_version``
-    (:func:`rollout_on_pool`)."""
-    if run.cfg().uses_rollout_pool:
-        return rollout_on_pool(run, prompts, policy_version or 0)
+    (A separate rollout pool generates in :data:`generate_ahead` instead.)"""
     policy = pool_of(run, "policy", at_version=policy_version)
     trajectories = policy.generate_sequences(prompts, seed=run.node_seed("rollout"))
     if run.cfg().old_log_probs_from_rollout:
@@ -59,6 +61,23 @@ def rollout_on_pool(run: RunContext, prompts: Batch, version: int) -> tuple[Batc
     generating_s = trajectories.meta.get("metrics", {}).get("timing_s/gen", 0.0)  # the engine's own time
     return trajectories, RolloutResult(node="rollout", rollout_version=version, started_at=finished - generating_s,
                                        finished_at=finished)
+
+
+@node(name="rollout", retries=2, roles=("rollout",))
+def _rollout_ahead(run: RunContext, prompts: Batch, policy_version: int | None = None) -> tuple[Batch, RolloutResult]:
+    """The body of :data:`generate_ahead`: :func:`rollout_on_pool` at ``policy_version``."""
+    return rollout_on_pool(run, prompts, policy_version or 0)
+
+
+def _ahead_task(rollout_node: Node) -> Node:
+    """``rollout_node`` as the train flow's ``generate_ahead`` task: its own Prefect name (the UI
+    shows ``generate_ahead-000007``), the ``rollout`` node's cache key, files and metrics."""
+    task = rollout_node.task.with_options(name="generate_ahead", task_run_name="generate_ahead-{run.iteration:06d}",
+                                          cache_key_fn=functools.partial(node_cache_key, node="rollout"))
+    return dataclasses.replace(rollout_node, name="generate_ahead", task=task)
+
+
+generate_ahead = _ahead_task(_rollout_ahead)  # (prompts, policy_version) -> RolloutResult, on the rollout pool
 
 
 @node(name="old_log_probs", retries=2, roles=("policy",))

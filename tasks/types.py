@@ -15,6 +15,9 @@ before Prefect reads it). The batch a result names lives in the run directory
   after the update).
 - :class:`RolloutResult` — a rollout of a separate rollout pool adds ``rollout_version`` (the
   weights that generated it) and when it ran (``started_at`` / ``finished_at``).
+- :class:`RewardResult` — the reward node adds ``failed_rows`` (rows whose reward raised, was
+  NaN/None, timed out or crashed) and ``last_error`` (the last failing row's one-line error): the
+  run's stop-on-failure decision reads these, never the ``reward/*`` metric names.
 """
 
 from __future__ import annotations
@@ -132,8 +135,19 @@ class RolloutResult(NodeResult):
     finished_at: float = 0.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class RewardResult(NodeResult):
+    """The reward node's result: ``failed_rows`` (how many of ``ref.rows`` were scored
+    ``reward.on_error`` because the reward failed on them) and ``last_error`` (the last failing
+    row's one-line error, None when none failed)."""
+
+    kind: ClassVar[str] = "reward"
+    failed_rows: int = 0
+    last_error: str | None = None
+
+
 RESULT_TYPES: dict[str, type[NodeResult]] = {
-    t.kind: t for t in (NodeResult, AdvantageResult, UpdateResult, RolloutResult)}
+    t.kind: t for t in (NodeResult, AdvantageResult, UpdateResult, RolloutResult, RewardResult)}
 
 
-__all__ = ["NodeResult", "AdvantageResult", "UpdateResult", "RolloutResult", "RESULT_TYPES"]
+__all__ = ["NodeResult", "AdvantageResult", "UpdateResult", "RolloutResult", "RewardResult", "RESULT_TYPES"]

@@ -20,9 +20,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     pools = {role: name for name, p in cfg.placement.pools.items() for role in p.roles}
-    if cfg.uses_rollout_pool:  # asynchronous: the rollout node runs in the train flow, ahead of the iteration
-        print(f"ahead of each iteration (trainer.max_staleness={cfg.trainer.max_staleness}, up to "
-              f"{cfg.trainer.max_staleness + 1} in flight): rollout(prompts, policy_version)  "
+    if cfg.uses_rollout_pool:  # asynchronous: the train flow's generate_ahead task makes the flow input rollout
+        print(f"train flow, ahead of each iteration (trainer.max_staleness={cfg.trainer.max_staleness}, up to "
+              f"{cfg.trainer.max_staleness + 1} in flight): generate_ahead(prompts, policy_version) -> rollout  "
               f"calls rollout @ pool {pools['rollout']}")
     print(build_dataflow(cfg).describe(pools))
     return 0

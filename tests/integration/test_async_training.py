@@ -93,14 +93,14 @@ def test_one_step_off_policy_keeps_the_bound_and_overlaps(reference):
     final = _weights(Path(reference["checkpoint"]))
     assert any(not torch.equal(final[k], initial[k]) for k in final)
 
-    # the rollouts are task runs of the train flow run itself, beside its iteration subflows
+    # the rollouts are generate_ahead task runs of the train flow run itself, beside its iteration subflows
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter
 
     with get_client(sync_client=True) as client:
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [reference["prefect_flow_run_id"]]}))
         names = {t.name for t in tasks}
-    assert {f"rollout-{it:06d}" for it in range(1, ITERATIONS + 1)} <= names, sorted(names)
+    assert {f"generate_ahead-{it:06d}" for it in range(1, ITERATIONS + 1)} <= names, sorted(names)
 
 
 def _wait_for(run_dir: Path, entry: tuple[int, str], proc, log: Path, timeout_s: float = 600) -> None:

@@ -104,7 +104,8 @@ COMMANDS: dict[str, tuple[list[str], list[str], str | None]] = {
     "hybridflow train -c examples/grpo_arith_async.yaml":
         ([*TINY_TRAIN, f"trainer.run_id={RUN}-async"], ["hybridflow run summary"], f"runs/{RUN}-async/summary.json"),
     "hybridflow dataflow show -c examples/grpo_arith_async.yaml":
-        ([], ["calls rollout @ pool gen", "old_log_probs(rollout <- rollout", "advantage(rollout <- old_log_probs"], None),
+        ([], ["generate_ahead(prompts, policy_version) -> rollout  calls rollout @ pool gen",
+              "old_log_probs(rollout <- rollout", "advantage(rollout <- old_log_probs"], None),
     "hybridflow bench list": ([], ["e2e", "peak"], None),
     "hybridflow bench peak --help": ([], ["usage:", "--tokens"], None),
 }

@@ -4,7 +4,7 @@ with the same prompts — verl's "resume at the epoch boundary trains zero steps
 
 6 prompts, 2 per step, 2 epochs → 3 steps per epoch, 6 steps in all (drop_last, shuffled).
 The loop below is the train flow's (flows/train.py): ``for it in range(start_iteration,
-total_iterations + 1): prompts = state.next_prompts(it); if prompts is None: break``.
+total_iterations + 1): taken = state.prompts.take(it); if taken is None: break``.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ def drive(state: RunSession, stop_after: int | None = None) -> list[tuple[int, l
     ``stop_after``: write a checkpoint after that iteration and stop (the driver 'dies')."""
     steps = []
     for it in range(state.start_iteration, state.cfg.trainer.total_iterations + 1):
-        prompts = state.next_prompts(it)
-        if prompts is None:
+        taken = state.prompts.take(it)
+        if taken is None:
             break
-        steps.append((it, list(prompts.load()["uid"])))
+        steps.append((it, list(taken.first.load()["uid"])))
         state.last_iteration = it
         if it == stop_after:
             root = f"{state.run_dir}/checkpoints"

@@ -68,9 +68,14 @@ class _Submitter:
                                    started_at=1.0, finished_at=2.0))
 
 
+def _ahead(state: _State, submit: _Submitter) -> RolloutsAhead:
+    """The schedule over the fake's prompts, live trainer state and trainer config."""
+    return RolloutsAhead(state, state.trainer, state.cfg.trainer, submit)
+
+
 def _trained(state: _State, ahead: RolloutsAhead, it: int):
     taken = ahead.take(it)
-    if taken is not None and taken.rollout is not None:
+    if taken is not None and taken.first is not None:
         state.trainer.policy_version += 1  # the update applied
     return taken
 
@@ -78,7 +83,7 @@ def _trained(state: _State, ahead: RolloutsAhead, it: int):
 @pytest.mark.parametrize("bound", [0, 1, 2])
 def test_iteration_j_generates_with_the_weights_after_iteration_j_minus_1_minus_bound(bound):
     state, submit = _State(max_staleness=bound), _Submitter()
-    ahead = RolloutsAhead(state, submit)
+    ahead = _ahead(state, submit)
     for it in range(1, 7):
         taken = _trained(state, ahead, it)
         assert taken.metrics["rollout/staleness/max"] == min(it - 1, bound)
@@ -91,7 +96,7 @@ def test_iteration_j_generates_with_the_weights_after_iteration_j_minus_1_minus_
 
 def test_at_most_bound_plus_one_in_flight_and_each_waits_for_the_one_before():
     state, submit = _State(max_staleness=2), _Submitter()
-    ahead = RolloutsAhead(state, submit)
+    ahead = _ahead(state, submit)
     ahead.fill(1)
     assert sorted(ahead.ahead) == [1, 2, 3]
     assert [w for *_, w in submit.calls] == [0, 1, 1]  # rollout j is submitted after rollout j-1
@@ -99,7 +104,7 @@ def test_at_most_bound_plus_one_in_flight_and_each_waits_for_the_one_before():
 
 def test_data_running_out_stops_the_schedule():
     state, submit = _State(max_staleness=1, prompts_left=3), _Submitter()
-    ahead = RolloutsAhead(state, submit)
+    ahead = _ahead(state, submit)
     got = [_trained(state, ahead, it) for it in range(1, 6)]
     assert [g is not None for g in got] == [True, True, True, False, False]
 
@@ -112,14 +117,14 @@ def _stale_state(policy: str) -> tuple[_State, _Submitter, RolloutsAhead]:
     old = RolloutResult(node="rollout", ref=_ref(3), rollout_version=1, started_at=1.0, finished_at=2.0)
     prompts = NodeResult(node="prompts", ref=_ref(3))
     state.trainer.rollouts = {"3": {"prompts": prompts.to_json(), "rollout": old.to_json()}}
-    return state, submit, RolloutsAhead(state, submit)
+    return state, submit, _ahead(state, submit)
 
 
 def test_a_stale_rollout_is_generated_again_with_wait():
     state, submit, ahead = _stale_state("wait")
     assert state.trainer.rollouts == {}  # taken over by the schedule
     taken = ahead.take(3)
-    assert taken.rollout.rollout_version == 3
+    assert taken.first.rollout_version == 3
     assert taken.metrics["rollout/staleness/max"] == 0 and taken.metrics["rollout/regenerated_stale"] == 4
     assert (3, 3, 3 + REGENERATE_KEY_OFFSET, 0) in submit.calls  # its own Prefect key: not the stale run's
 
@@ -127,23 +132,23 @@ def test_a_stale_rollout_is_generated_again_with_wait():
 def test_a_stale_rollout_is_dropped_and_counted_with_drop():
     state, submit, ahead = _stale_state("drop")
     taken = ahead.take(3)
-    assert taken.rollout is None
+    assert taken.first is None
     assert taken.metrics["rollout/dropped_stale"] == 4 and taken.metrics["rollout/staleness/max"] == 2
     assert all(it != 3 for it, *_ in submit.calls)  # nothing regenerated for iteration 3
 
 
 def test_the_checkpoint_records_the_rollouts_in_flight_and_a_resume_takes_them_back():
     state, submit = _State(max_staleness=2), _Submitter()
-    ahead = RolloutsAhead(state, submit)
+    ahead = _ahead(state, submit)
     _trained(state, ahead, 1)
     record = ahead.in_flight()
     assert sorted(record) == ["2", "3"] and record["3"]["rollout"]["rollout_version"] == 0
     saved = TrainerState.from_dict({**TrainerState(kl_coef=0.0, policy_version=1).to_dict(), "rollouts": record})
     resumed_state = _State(max_staleness=2, trainer=saved)
     resumed_submit = _Submitter()
-    resumed = RolloutsAhead(resumed_state, resumed_submit)
+    resumed = _ahead(resumed_state, resumed_submit)
     taken = resumed.take(2)
-    assert taken.rollout.rollout_version == 0 and taken.rollout.ref.iteration == 2
+    assert taken.first.rollout_version == 0 and taken.first.ref.iteration == 2
     assert [(it, v) for it, v, *_ in resumed_submit.calls] == [(4, 1)]  # only the next one is generated
 
 

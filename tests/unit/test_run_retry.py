@@ -34,7 +34,7 @@ def _first_attempt(cfg, flow_run_id: str):
     """What the first attempt leaves: run.json bound to the flow run, iteration 1 checkpointed."""
     state = open_run(cfg, resume=None, flow_run_id=flow_run_id)
     state.bind(prefect_flow_run_id=flow_run_id, mlflow_run_id="m1")
-    state.next_prompts(1)
+    state.prompts.take(1)
     state.trainer.policy_version = 1
     root = f"{state.run_dir}/checkpoints"
     begin_save(root, 1)

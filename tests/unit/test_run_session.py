@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from flows.iteration import flow_input_values
 from flows.run_lock import held_locks
 from flows.run_state import open_run
 from flows.trainer_state import TrainerStateError
@@ -31,7 +32,7 @@ def _run_two_iterations(cfg):
     state = open_run(cfg, resume=None)
     state.bind(mlflow_run_id="m1")
     for it in (1, 2):
-        state.next_prompts(it)
+        state.prompts.take(it)
         state.append_metrics(it, {"critic/score/mean": 0.25 * it})
     state.trainer.policy_version, state.trainer.kl_coef, state.trainer.bad_updates_in_a_row = 1, 0.002, 1
     state.record_validation(2, {"val-core/arith/acc/mean@1": 0.5})
@@ -44,14 +45,14 @@ def _run_two_iterations(cfg):
 def test_the_trainer_state_survives_a_resume(cfg):
     first = _run_two_iterations(cfg)
     snapshot = first.trainer_state(2)
-    assert snapshot.iteration == 2 and snapshot.sampler == first.sampler.state_dict()
+    assert snapshot.iteration == 2 and snapshot.sampler == first.prompts.sampler.state_dict()
     assert first.trainer.iteration == 0  # the snapshot is a copy: the live state is not touched
     again = open_run(cfg, resume=first.run_dir)
     assert again.resumed and again.trainer == snapshot
     assert (again.start_iteration, again.last_iteration, again.last_checkpoint_iteration) == (3, 2, 2)
-    assert again.sampler.state_dict() == first.sampler.state_dict()
+    assert again.prompts.sampler.state_dict() == first.prompts.sampler.state_dict()
     assert again.validations == {2: {"val-core/arith/acc/mean@1": 0.5}}
-    assert again.flow_inputs({"node": "prompts"})["kl_coef"] == 0.002
+    assert flow_input_values(again.cfg, {"node": "prompts"}, again.trainer)["kl_coef"] == 0.002
     summary = again.summary()
     assert (summary["reward_first"], summary["reward_last"], summary["mlflow_run_id"]) == (0.25, 0.5, "m1")
     assert summary["checkpoint"] == f"{first.run_dir}/checkpoints/{checkpoint_name(2)}"

@@ -1,0 +1,119 @@
+"""The driver's one input seam: what gives each iteration its first input.
+
+A :class:`Feed` answers :meth:`~Feed.take` ``(iteration)`` with the iteration's first flow input
+(:func:`flows.iteration.flow_inputs`) and metrics about it, or None when the data is exhausted.
+Two feeds exist:
+
+- :class:`PromptFeed` (synchronous training): the sampler's next prompts, saved as
+  ``iter_<k>/prompts``; the iteration's ``rollout`` node generates from them.
+- :class:`flows.rollout_ahead.RolloutsAhead` (a separate rollout pool, ``trainer.max_staleness``):
+  the iteration's rollout, generated ahead by the train flow's ``generate_ahead`` task from the
+  prompts a PromptFeed gives it, checked against the staleness bound.
+
+A streaming feed (groups arriving continuously, each with its own weights version) is a third
+implementation: its ``take`` returns a rollout assembled from the groups that arrived, its
+``settle`` adds what it measured, its ``in_flight`` what a checkpoint must keep. The train flow
+does not change: :func:`open_feed` is the one place that picks the feed for a config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from tasks.common import RunContext
+from tasks.types import NodeResult
+
+if TYPE_CHECKING:
+    from flows.iteration import IterationResult
+    from flows.trainer_state import TrainerState
+    from hybridflow.config import ExperimentConfig
+    from hybridflow.data import PromptSampler
+
+
+@dataclass
+class Taken:
+    """What a feed gives iteration k: ``first``, its first flow input (the prompts' NodeResult, or
+    a RolloutResult; None: nothing to train on this iteration, e.g. a rollout dropped as stale)
+    and metrics about it (name → float, logged with the iteration's)."""
+
+    first: NodeResult | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Feed(Protocol):
+    """The seam between the train flow's loop and where an iteration's input comes from."""
+
+    def take(self, iteration: int) -> Taken | None:
+        """Iteration ``iteration``'s input (waited for), or None when the data is exhausted."""
+        ...
+
+    def settle(self, taken: Taken, out: IterationResult, phase: tuple[float, float], wall_s: float) -> None:
+        """After the iteration trained on ``taken``: add what the feed knows to ``out`` (results,
+        metrics). ``phase``: the iteration subflow's start and end (Unix s); ``wall_s``: the
+        iteration's wall time so far (s)."""
+        ...
+
+    def in_flight(self) -> dict[str, dict[str, Any]]:
+        """What a checkpoint must record so a resume continues this feed (``TrainerState.rollouts``);
+        waits for work in flight. {} when nothing is."""
+        ...
+
+
+def save_prompts(run: RunContext, node: str, indices: list[int], dataset: Any) -> NodeResult:
+    """``dataset.collate(indices)`` saved as ``iter_<run.iteration>/<node>``; its NodeResult."""
+    batch = dataset.collate(indices)
+    ref = batch.save(run.batch_uri(node), run_id=run.run_id, iteration=run.iteration, node=node)
+    return NodeResult(node=node, ref=ref)
+
+
+class PromptFeed:
+    """Sampler → prompts: each iteration's ``prompts_per_step`` training prompts, drawn by
+    ``sampler`` from ``dataset`` and saved as ``iter_<k>/prompts``; None after ``total_epochs``
+    epochs. ``context(k)``: the run's RunContext at iteration k (where the prompts are saved).
+    The sampler's position is what a checkpoint keeps (``TrainerState.sampler``)."""
+
+    def __init__(self, sampler: PromptSampler, dataset: Any, total_epochs: int,
+                 context: Callable[[int], RunContext]) -> None:
+        self.sampler, self.dataset, self.total_epochs, self.context = sampler, dataset, total_epochs, context
+
+    def next_prompts(self, iteration: int) -> NodeResult | None:
+        """Draw and save iteration ``iteration``'s prompts (None: ``total_epochs`` are done)."""
+        if self.sampler.epoch >= self.total_epochs:
+            return None
+        return save_prompts(self.context(iteration), "prompts", list(self.sampler.next_indices()), self.dataset)
+
+    def take(self, iteration: int) -> Taken | None:
+        prompts = self.next_prompts(iteration)
+        return None if prompts is None else Taken(prompts)
+
+    def settle(self, taken: Taken, out: IterationResult, phase: tuple[float, float], wall_s: float) -> None:
+        """Nothing to add: the iteration's own rollout node generated from the prompts."""
+
+    def in_flight(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+
+def open_feed(cfg: ExperimentConfig, prompts: PromptFeed, trainer: TrainerState,
+              submit: Callable[..., Any]) -> Feed:
+    """The feed for ``cfg``: rollouts ahead (``submit``: the ``generate_ahead`` submitter, see
+    :class:`~flows.rollout_ahead.RolloutsAhead`) with a separate rollout pool, else ``prompts``.
+    A checkpoint's rollouts in flight (``trainer.rollouts``) go to the rollouts-ahead schedule;
+    without a rollout pool they are not trained on (warned) and cleared."""
+    if cfg.uses_rollout_pool:
+        from flows.rollout_ahead import RolloutsAhead
+
+        return RolloutsAhead(prompts, trainer, cfg.trainer, submit)
+    if trainer.rollouts:  # resumed synchronously from an asynchronous run's checkpoint
+        from flows.rollout_ahead import _logger
+
+        _logger().warning(
+            "the checkpoint recorded the rollouts of iterations %s in flight; without a rollout pool they are not "
+            "trained on (their prompts are skipped)", ", ".join(sorted(trainer.rollouts, key=int)))
+        trainer.rollouts = {}
+    return prompts
+
+
+__all__ = ["Feed", "PromptFeed", "Taken", "open_feed", "save_prompts"]
