@@ -14,7 +14,7 @@ Two decode paths, the same sampling and the same results up to float rounding:
   logits processor, under a clean GenerationConfig (the model's own, which may ask for sampling
   or penalties, is swapped out for the call).
 
-Sampling (:func:`workers.rollout.decode.pick_tokens`) applies temperature, top-k and top-p and
+Sampling (:func:`workers.rollout.decode_step.pick_tokens`) applies temperature, top-k and top-p and
 picks by inverse-CDF sampling with uniforms drawn up front from a ``torch.Generator(seed)``: row
 r of the call uses row r of that table, so results depend only on (seed, prompts, weights), not
 on how rows are chunked into ``generation_batch_trajectories``, and the global RNG is untouched.
