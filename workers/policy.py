@@ -38,6 +38,7 @@ from workers.dispatch import dispatch
 from workers.generation import RANK_SEED_STRIDE, Generation  # noqa: F401 (RANK_SEED_STRIDE re-exported)
 from workers.log_probs import LogprobGap, sequence_log_probs
 from workers.micro_batches import chunked_inference, disable_dropout
+from workers.rollout.capabilities import engine_capabilities, weight_push
 from workers.rollout.multi_turn import MultiTurnRollout
 from workers.training import (
     MicroResult,
@@ -120,14 +121,14 @@ class PolicyWorker(Generation, WeightPublisher):
         """Give the engine the trainer's current weights (collective under FSDP2).
 
         The hf engine shares the inference module: nothing to send. An engine with its own copy
-        gets, with LoRA and a ``load_lora_adapter`` method (vLLM), only the adapter tensors
+        gets, with LoRA and the "lora_adapter" weight-sync mode (vLLM), only the adapter tensors
         (``lora_A`` / ``lora_B``, PEFT names) and config, tagged with ``weights_version``;
         otherwise the merged HF-named weights.
         """
         if self.sharded:
             full = D.full_model_state_dict(self.model)
             C.load_weights_strict(self.inference_module, full, where="policy rollout copy")
-        if getattr(self.engine, "model", None) is self.inference_module:
+        if engine_capabilities(self.engine).shares_module:
             return
         if self._syncs_adapter_only():
             from hybridflow.models import lora_adapter_state
@@ -142,7 +143,7 @@ class PolicyWorker(Generation, WeightPublisher):
 
     def _syncs_adapter_only(self) -> bool:
         """LoRA is on and the engine takes adapters: its base weights stay those it loaded."""
-        return self.cfg.model.lora_rank > 0 and hasattr(self.engine, "load_lora_adapter")
+        return weight_push(engine_capabilities(self.engine), lora=self.cfg.model.lora_rank > 0) == "lora_adapter"
 
     # ---- dataflow steps (generate_sequences: workers.generation.Generation) ----------------------
     @dispatch("dp_scatter")
@@ -332,7 +333,7 @@ class PolicyWorker(Generation, WeightPublisher):
             set_model_state_dict(self.model, plain.state_dict(), options=StateDictOptions(full_state_dict=True))
         self.optim.load_state_dict(state["optim"])
         self.versions.load_state_dict(state["versions"])
-        if getattr(self.engine, "model", None) is not self.inference_module:
+        if not engine_capabilities(self.engine).shares_module:
             self._sync_rollout_weights()
 
 

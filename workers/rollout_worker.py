@@ -29,6 +29,7 @@ from workers import checkpoint as C
 from workers.dispatch import dispatch
 from workers.generation import Generation
 from workers.policy import POLICY_DIR, POLICY_OPTIM_DIR, build_policy_module
+from workers.rollout.capabilities import engine_capabilities
 from workers.rollout.multi_turn import MultiTurnRollout
 
 
@@ -141,7 +142,7 @@ class RolloutWorker(Generation):
         if self.cfg.model.lora_rank > 0:  # adapters only: the base is the initial model on both sides
             state = {**full, **state}
         C.load_weights_strict(self.inference_module, state, where=where)
-        if getattr(self.engine, "model", None) is not self.inference_module:
+        if not engine_capabilities(self.engine).shares_module:
             from hybridflow.models import merged_named_tensors
 
             self.engine.wake_up()
