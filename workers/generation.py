@@ -11,7 +11,6 @@ Prefect, :mod:`workers.worker_logs`).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
@@ -27,19 +26,17 @@ from workers import distributed as D
 from workers import shared_prefix
 from workers.dispatch import dispatch
 from workers.progress import NO_PROGRESS, ProgressSink, Tick
+from workers.rollout.capabilities import engine_capabilities
 
 RANK_SEED_STRIDE = 1_000_003  # rank r samples with seed + r·stride
 _log = logging.getLogger(__name__)
 
 
 def _engine_generate(engine: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Any, tick: Tick) -> Any:
-    """``engine.generate`` with the progress callback when the engine takes one (hf does: rows
-    finished as they stop); otherwise (vllm, a user's engine) progress is reported once, at the end."""
-    try:
-        takes_progress = "progress" in inspect.signature(engine.generate).parameters
-    except (TypeError, ValueError):
-        takes_progress = False
-    if takes_progress:
+    """``engine.generate`` with the progress callback when the engine declares ``progress`` (hf
+    does: rows finished as they stop); otherwise (vllm, an engine that declares nothing) progress
+    is reported once, at the end."""
+    if engine_capabilities(engine).progress:
         return engine.generate(prompt_ids, prompt_mask, sampling, progress=tick)
     out = engine.generate(prompt_ids, prompt_mask, sampling)
     tick(len(out), len(out))
@@ -92,23 +89,31 @@ class Generation:
         n = 0 if is_padding(batch) else len(rows)  # a padding stand-in counts for nothing
         rows.meta["metrics"] = self._generation_metrics(lengths[:n], out.finish_reason[:n], time.perf_counter() - start)
         rows.meta["metrics"].update(getattr(out, "metrics", {}))  # multi-turn: already without padding
-        compiled = getattr(self.engine, "compiled_step", None)  # rollout.compile (hf engine)
-        if compiled is not None:
-            worst = D.all_reduce_max(torch.tensor([compiled.compile_seconds, compiled.compiles], dtype=torch.float64))
-            rows.meta["metrics"][METRIC_NAMES["rollout_compile_time_s"]] = float(worst[0])
-            rows.meta["metrics"][METRIC_NAMES["rollout_compiled_shapes"]] = float(worst[1])
-        if hasattr(self.engine, "fused_decode_reason"):  # the hf engine: did single-turn calls run fused?
-            reason = self.engine.fused_decode_reason
-            fused = -D.all_reduce_max(torch.tensor([-float(reason is None)], dtype=torch.float64))
-            rows.meta["metrics"][METRIC_NAMES["rollout_fused_decode"]] = float(fused[0])
-            if reason is not None and reason != getattr(self, "_fused_reason_logged", None):
-                _log.info("rank %d: hf engine decodes through the model's forward: %s", self.rank, reason)
-                self._fused_reason_logged = reason
+        rows.meta["metrics"].update(self._engine_metrics())
         _log.info("rank %d %s %d trajectories in %.1f s: %d stopped, %d at the length limit, mean length %.1f",
                   self.rank, "validated" if validate else "generated", n, time.perf_counter() - start,
                   sum(r == "stop" for r in out.finish_reason[:n]), sum(r == "length" for r in out.finish_reason[:n]),
                   float(lengths[:n].float().mean()) if n else 0.0)
         return rows
+
+    def _engine_metrics(self) -> dict[str, float]:
+        """What the engine declares it reports (collective over the ranks): with ``compiled_step``
+        set (``rollout.compile``) the compile seconds and shapes so far, with ``fused_decode``
+        whether every rank's last single-turn call decoded fused (the reason logged once when not)."""
+        caps, metrics = engine_capabilities(self.engine), {}
+        compiled = self.engine.compiled_step if caps.compiled_step else None
+        if compiled is not None:
+            worst = D.all_reduce_max(torch.tensor([compiled.compile_seconds, compiled.compiles], dtype=torch.float64))
+            metrics[METRIC_NAMES["rollout_compile_time_s"]] = float(worst[0])
+            metrics[METRIC_NAMES["rollout_compiled_shapes"]] = float(worst[1])
+        if caps.fused_decode:  # the hf engine: did single-turn calls run fused?
+            reason = self.engine.fused_decode_reason
+            fused = -D.all_reduce_max(torch.tensor([-float(reason is None)], dtype=torch.float64))
+            metrics[METRIC_NAMES["rollout_fused_decode"]] = float(fused[0])
+            if reason is not None and reason != getattr(self, "_fused_reason_logged", None):
+                _log.info("rank %d: hf engine decodes through the model's forward: %s", self.rank, reason)
+                self._fused_reason_logged = reason
+        return metrics
 
     def _generation_metrics(self, lengths: Tensor, finish: list[str], seconds: float) -> dict[str, float]:
         n_len = sum(r == "length" for r in finish)

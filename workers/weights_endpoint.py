@@ -18,14 +18,16 @@ import torch
 from torch import nn
 
 from workers import checkpoint as C
+from workers.rollout.capabilities import engine_capabilities, weight_push
 
 
 def push_to_engine(engine: Any, module: nn.Module, *, lora: bool, version: int) -> None:
     """Give ``engine`` the weights of ``module`` (the unsharded inference module), ``version`` =
     their weights_version (names a LoRA adapter). See the module docstring for the three cases."""
-    if getattr(engine, "model", None) is module:  # the engine generates with the module itself
+    mode = weight_push(engine_capabilities(engine), lora=lora)  # what the engine declares it takes
+    if mode == "none":  # the engine generates with the module itself
         return
-    if lora and hasattr(engine, "load_lora_adapter"):
+    if mode == "lora_adapter":
         from hybridflow.models import lora_adapter_state
 
         tensors, peft_config = lora_adapter_state(module)

@@ -5,10 +5,13 @@ imported when a vLLM engine is built.
 """
 
 from workers.rollout.base import (
+    DEFAULT_CAPABILITIES,
+    EngineCapabilities,
     FinishReason,
     RolloutEngine,
     RolloutOutput,
     SamplingParams,
+    engine_capabilities,
     get_rollout_engine,
     register_rollout_engine,
     rollout_engine_names,
@@ -16,10 +19,13 @@ from workers.rollout.base import (
 )
 
 __all__ = [
+    "DEFAULT_CAPABILITIES",
+    "EngineCapabilities",
     "FinishReason",
     "RolloutEngine",
     "RolloutOutput",
     "SamplingParams",
+    "engine_capabilities",
     "get_rollout_engine",
     "register_rollout_engine",
     "rollout_engine_names",

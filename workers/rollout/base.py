@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from hybridflow.algorithms.sequences import response_mask_from_ids
+from workers.rollout.capabilities import DEFAULT_CAPABILITIES, EngineCapabilities, engine_capabilities  # noqa: F401  (re-exported)
 
 FinishReason = Literal["stop", "length", "max_turns", "env_done", "env_error"]  # the last three: multi-turn
 NamedTensors = Iterable[tuple[str, Tensor]] | Mapping[str, Tensor]
@@ -101,12 +102,21 @@ class RolloutOutput:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """A generation backend. ``generate`` takes left-padded prompts; weights come in by ``load_weights``."""
+    """A generation backend. ``generate`` takes left-padded prompts; weights come in by ``load_weights``.
+
+    Optional capabilities are declared, not probed: a class attribute ``capabilities:
+    EngineCapabilities`` (:mod:`workers.rollout.capabilities`: continuing a conversation's KV,
+    progress reporting, compiled step, fused decode, partial-rollout interrupt, weight-sync modes,
+    LoRA), read by callers through :func:`engine_capabilities`. An engine that declares nothing
+    gets ``DEFAULT_CAPABILITIES`` (none of them; weights as a full state dict). ``capabilities`` is
+    not a structural member here, so such an engine still is a RolloutEngine.
+    """
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> RolloutOutput:
         """prompt_ids [B, P] int64 left padded, prompt_mask [B, P] bool → B*n trajectories.
-        An engine may also take ``progress=`` (a ``(done, total)`` callback, :mod:`workers.progress`)
-        and call it as trajectories finish; without it the caller reports once, at the end."""
+        An engine declaring ``capabilities.progress`` also takes ``progress=`` (a ``(done, total)``
+        callback, :mod:`workers.progress`) and calls it as trajectories finish; for any other
+        engine the caller reports once, at the end."""
         ...
 
     def load_weights(self, named_tensors: NamedTensors) -> None:

@@ -35,6 +35,8 @@ import time
 import torch
 from torch import Tensor, nn
 
+from hybridflow.algorithms.sequences import position_ids_from_mask
+from workers.rollout.decode_step import DecodeResult, prefill, take_step, useful_row_steps
 from workers.shared_prefix import forward_kwargs
 
 log = logging.getLogger(__name__)
@@ -149,13 +151,10 @@ def decode_static(
 ):
     """:func:`workers.rollout.decode.decode` (which checks the left padding and calls this) with
     each decode step run by ``step`` on a static cache (same arguments, same
-    :class:`~workers.rollout.decode.DecodeResult`). The prompt's
+    :class:`~workers.rollout.decode_step.DecodeResult`). The prompt's
     first L-1 columns are prefilled eagerly (or taken from ``prefix_cache``) and copied into the
-    static cache. Same sampling (:func:`~workers.rollout.decode.pick_tokens`) and positions, so
+    static cache. Same sampling (:func:`~workers.rollout.decode_step.pick_tokens`) and positions, so
     greedy tokens equal the eager loop's and log-probs agree to float rounding."""
-    from hybridflow.algorithms.sequences import position_ids_from_mask
-    from workers.rollout.decode import DecodeResult, _useful_row_steps, prefill, take_step
-
     n_rows, width = ids.shape
     new = sampling.max_new_tokens
     stops = torch.as_tensor(list(sampling.stop_token_ids), dtype=torch.int64, device=ids.device)
@@ -201,7 +200,7 @@ def decode_static(
                     attn, feed, pos = attn[slots], feed[slots], pos[slots]
                     live = torch.arange(len(alive), device=ids.device)
     tokens, log_probs = tokens[:, :steps], log_probs[:, :steps]
-    return DecodeResult(tokens, log_probs, row_steps, _useful_row_steps(tokens, stops))
+    return DecodeResult(tokens, log_probs, row_steps, useful_row_steps(tokens, stops))
 
 
 __all__ = ["CompiledDecodeStep", "decode_static", "fill_static", "kv_layers"]

@@ -14,7 +14,7 @@ Two decode paths, the same sampling and the same results up to float rounding:
   logits processor, under a clean GenerationConfig (the model's own, which may ask for sampling
   or penalties, is swapped out for the call).
 
-Sampling (:func:`workers.rollout.decode.pick_tokens`) applies temperature, top-k and top-p and
+Sampling (:func:`workers.rollout.decode_step.pick_tokens`) applies temperature, top-k and top-p and
 picks by inverse-CDF sampling with uniforms drawn up front from a ``torch.Generator(seed)``: row
 r of the call uses row r of that table, so results depend only on (seed, prompts, weights), not
 on how rows are chunked into ``generation_batch_trajectories``, and the global RNG is untouched.
@@ -36,6 +36,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from hybridflow.algorithms.sequences import position_ids_from_mask
 from workers.progress import Tick
 from workers.rollout.base import (
+    EngineCapabilities,
     NamedTensors,
     RolloutOutput,
     SamplingParams,
@@ -74,8 +75,16 @@ class HFRolloutEngine:
     drop_finished_rows on a CPU, Llama-family models prefill and decode single-turn calls through
     :class:`workers.rollout.fused_decode.FusedDecoder` (prepared once per call, instead of packing
     the linears; ``rollout.fused_decode``); ``fused_decode_reason`` is None when the last call ran
-    fused, else why it did not.
+    fused, else why it did not. ``capabilities``: continuing KV (:meth:`generate_continuing`),
+    progress, compiled step, fused decode; it generates on the module it was built with (the
+    workers' inference module: "shared_module"), a peft one included (LoRA), and ``load_weights``
+    copies a full state dict.
     """
+
+    capabilities = EngineCapabilities(
+        continuing_kv=True, progress=True, compiled_step=True, fused_decode=True,
+        weight_sync=frozenset({"shared_module", "full_state_dict"}), lora=True,
+    )  # fmt: skip
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64,
                  drop_finished_rows: bool = True, compile: bool = False,

@@ -5,7 +5,7 @@ the call's only logits processor, and :func:`clean_generation_config`.
 The sampler records log softmax(logits / T) of the *full* distribution (before top-k / top-p)
 and gathers the chosen token's value one step later — the quantity the trainer recomputes
 (``hybridflow.algorithms.log_probs_from_logits(logits, ids, temperature=T)``); greedy uses T = 1.
-It picks the token with :func:`workers.rollout.decode.pick_tokens` (temperature, top-k, top-p,
+It picks the token with :func:`workers.rollout.decode_step.pick_tokens` (temperature, top-k, top-p,
 inverse-CDF draw from the call's uniforms) and returns a one-hot score row, so ``generate`` runs
 in greedy mode (``do_sample=False``) and takes that token.
 """
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, LogitsProcessor
 
 from workers.rollout.base import SamplingParams
-from workers.rollout.decode import pick_tokens
+from workers.rollout.decode_step import pick_tokens
 
 
 class RolloutSampler(LogitsProcessor):

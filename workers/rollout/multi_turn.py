@@ -8,10 +8,10 @@ pool (:class:`hybridflow.agents.remote.EnvRunner`, or the ``tools`` pool: :mod:`
 appends the rendered observations as ids.
 Nothing already in a trajectory is decoded and re-tokenized.
 
-Engines with ``generate_continuing`` (hf) keep each trajectory's KV cache between turns and prefill
-only the new tokens (``rollout.multi_turn.kv_cache``); any other engine (vllm) gets the whole
-sequence as a token-id prompt each turn through its own ``generate`` (vLLM's prefix cache then
-reuses what it can).
+Engines declaring ``continuing_kv`` (hf: ``generate_continuing``) keep each trajectory's KV cache
+between turns and prefill only the new tokens (``rollout.multi_turn.kv_cache``); any other
+engine (vllm) gets the whole sequence as a token-id prompt each turn through its own
+``generate`` (vLLM's prefix cache then reuses what it can).
 
 Limits (``rollout.multi_turn``): ``max_turns`` assistant turns; ``max_tokens_per_turn`` ends a
 turn (the template's end-of-turn tokens are appended as non-model tokens) and the environment
@@ -37,6 +37,7 @@ from hybridflow.agents.render import ChatRenderer, truncate_middle
 from hybridflow.batch import is_padding
 from workers.progress import Tick
 from workers.rollout.base import RolloutOutput, SamplingParams, right_pad
+from workers.rollout.capabilities import engine_capabilities
 
 TRUNCATION_MARKER = "\n...[truncated]...\n"
 
@@ -109,7 +110,7 @@ class MultiTurnRollout:
         self.tool_names = list(tools)
         self.marker_ids = list(tokenizer(TRUNCATION_MARKER, add_special_tokens=False)["input_ids"])
         self.per_turn = self.mt.max_tokens_per_turn or rollout_cfg.max_response_tokens
-        self.continue_kv = self.mt.kv_cache and hasattr(engine, "generate_continuing")
+        self.continue_kv = self.mt.kv_cache and engine_capabilities(engine).continuing_kv
 
     @classmethod
     def from_config(cls, engine: Any, tokenizer: Any, cfg: Any) -> MultiTurnRollout:

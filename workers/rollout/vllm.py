@@ -38,6 +38,7 @@ from torch import Tensor
 
 from hybridflow.algorithms.sequences import response_mask_from_ids
 from workers.rollout.base import (
+    EngineCapabilities,
     FinishReason,
     NamedTensors,
     RolloutOutput,
@@ -199,8 +200,13 @@ class VLLMRolloutEngine:
     llm: a ``vllm.LLM`` built with ``enable_sleep_mode=True`` and
     ``logprobs_mode="processed_logprobs"`` (:meth:`from_config` does). For colocation in one
     process set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` before building it, so
-    ``collective_rpc`` hands tensors to the worker without serialising them.
+    ``collective_rpc`` hands tensors to the worker without serialising them. ``capabilities``:
+    weights as a full state dict (:meth:`load_weights`) or, with LoRA, the adapter only
+    (:meth:`load_lora_adapter`); no continuing KV, no progress callback (the caller reports each
+    call once, when it returns), no compiled step or fused decode of ours.
     """
+
+    capabilities = EngineCapabilities(weight_sync=frozenset({"full_state_dict", "lora_adapter"}), lora=True)
 
     def __init__(self, llm: Any, *, pad_token_id: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         self.llm = llm
