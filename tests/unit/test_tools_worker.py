@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from hybridflow.agents.remote import EnvCall
 from hybridflow.config import config_from_dict
 from tests.unit.test_rollout_multi_turn import FIX, TOK, TOOLS, ScriptedEngine, call, rollout
 from workers.dispatch import get_dispatch
@@ -131,9 +132,9 @@ def test_a_tools_rank_is_ready_at_once_without_a_process_group():
     host = WorkerHost(cfg.model_dump(mode="json"), "tools", 1, 2, None)
     try:
         assert host.is_ready() and host.ping()["roles"] == ["tools"]
-        reset = {"op": "reset", "env": "tools", "kwargs": {"tools": [f"{FIX}:add"], "tool_format": "hermes"},
-                 "row": {"prompt": [{"role": "user", "content": "Q"}]}}  # fmt: skip
-        [(status, value)] = host.call("tools", "run_env_calls", [reset])
-        assert status == "ok" and value["messages"] is None
+        reset = EnvCall.reset("tools", {"tools": [f"{FIX}:add"], "tool_format": "hermes"},
+                              {"prompt": [{"role": "user", "content": "Q"}]})  # fmt: skip
+        [outcome] = host.call("tools", "run_env_calls", [reset])
+        assert outcome.ok and outcome.result.messages is None
     finally:
         host.shutdown()
