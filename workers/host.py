@@ -24,6 +24,8 @@ from workers.progress import progress_for_run
 
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
 ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward", "tools")
+# roles whose workers run multi-turn rollouts: they get the run's namespace to find the tools pool in
+NAMESPACED_ROLES = ("policy", "rollout")
 
 
 def resolve_device(cfg: ExperimentConfig, pool_cfg: PoolConfig) -> str:
@@ -46,10 +48,8 @@ class WorkerHost(worker_logs.LoggedCalls):
         torch_threads: int | None = None,
         namespace: str | None = None,
     ):
-        from workers.tools import set_run_namespace
-
-        set_run_namespace(namespace)  # the tools pool is looked up in the run's namespace (workers/tools.py)
         self.cfg = config_from_dict(cfg_dict)
+        self.namespace = namespace  # the run's Ray namespace (the actor cannot ask Ray for it)
         self.pool_name = pool_name
         self.pool_cfg = self.cfg.placement.pools[pool_name]
         self.rank, self.world_size = rank, world_size
@@ -95,6 +95,8 @@ class WorkerHost(worker_logs.LoggedCalls):
             kwargs: dict[str, Any] = {"rank": self.rank, "world_size": self.world_size, "device": self.device}
             if role == "reference" and "policy" in self.workers:
                 kwargs["policy"] = self.workers["policy"]
+            if role in NAMESPACED_ROLES:
+                kwargs["namespace"] = self.namespace
             self.workers[role] = cls(self.cfg, **kwargs)
             self.workers[role].progress = progress_for_run(self.ckpt_root, self.pool_name, self.rank)
         self._restore_latest()

@@ -77,10 +77,12 @@ class PolicyWorker(Generation, WeightPublisher):
 
     cfg: the experiment config. rank/world_size: this rank of the policy pool; with
     world_size > 1 torch.distributed must already be initialised (the pool does it).
-    device: "cpu", "cuda" or "cuda:N".
+    device: "cpu", "cuda" or "cuda:N". namespace: the run's Ray namespace, where a multi-turn
+    rollout finds the tools pool (given by the pool's WorkerHost; None: the job's).
     """
 
-    def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu",
+                 namespace: str | None = None):  # fmt: skip
         from hybridflow.models import load_tokenizer, tokenizer_stop_ids
         from workers.rollout.base import get_rollout_engine
 
@@ -104,7 +106,8 @@ class PolicyWorker(Generation, WeightPublisher):
         self.policy_loss = get_policy_loss(cfg.actor.policy_loss)
         self._gap: LogprobGap | None = None
         self._gap_before_step = 0
-        self._multi_turn = MultiTurnRollout.from_config(self.engine, self.tokenizer, cfg) if cfg.rollout.is_multi_turn else None
+        self._multi_turn = (MultiTurnRollout.from_config(self.engine, self.tokenizer, cfg, namespace)
+                            if cfg.rollout.is_multi_turn else None)  # fmt: skip
         self._published: dict[int, tuple[Any, int, int]] = {}  # version -> (ObjectRef, tensors, bytes)
         self._sync_rollout_weights()
 

@@ -43,9 +43,11 @@ class RolloutWorker(Generation, WeightsEndpoint):
     """Generation on one rank of the rollout pool (see the module docstring).
 
     cfg: the experiment config; rank/world_size: this rank of the rollout pool; device: "cpu" / "cuda".
+    namespace: the run's Ray namespace, where a multi-turn rollout finds the tools pool (None: the job's).
     """
 
-    def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu",
+                 namespace: str | None = None):  # fmt: skip
         from hybridflow.models import load_tokenizer, tokenizer_stop_ids
         from workers.rollout.base import get_rollout_engine
 
@@ -59,7 +61,8 @@ class RolloutWorker(Generation, WeightsEndpoint):
             model=self.inference_module, tokenizer=self.tokenizer, model_cfg=cfg.model,
             rollout_cfg=cfg.rollout, device=self.device,
         )
-        self._multi_turn = MultiTurnRollout.from_config(self.engine, self.tokenizer, cfg) if cfg.rollout.is_multi_turn else None
+        self._multi_turn = (MultiTurnRollout.from_config(self.engine, self.tokenizer, cfg, namespace)
+                            if cfg.rollout.is_multi_turn else None)  # fmt: skip
         self.weights_version = 0
         self._inbox: dict[int, dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()  # one generation or weights load at a time; receive_weights runs beside

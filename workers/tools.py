@@ -16,27 +16,20 @@ scale out on CPU nodes while the GPUs generate. Each rank of the tools pool is a
 still comes back as an error / timeout / crash outcome and the rollout goes on. A round's calls
 are split across the ranks in contiguous parts (dispatch protocol ``list_scatter``) and joined
 back in order. An environment instance travels between calls as a pickle, so the steps of one
-trajectory may run on different ranks.
+trajectory may run on different ranks. The run's Ray namespace, where :class:`PoolEnvRunner` finds
+the tools pool, is handed to the rollout side by its :class:`~workers.host.WorkerHost` (a
+constructor argument of the policy / rollout worker), not kept in this module.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.agents.remote import EnvRunner, Outcome
+from hybridflow.agents.remote import EnvCall, EnvOutcome, EnvRunner
 from hybridflow.config import ExperimentConfig
 from workers.dispatch import dispatch
 
 TOOLS_ROLE = "tools"
-_run_namespace: str | None = None  # the Ray namespace of this process's pool (set by WorkerHost)
-
-
-def set_run_namespace(namespace: str | None) -> None:
-    """Record the run's Ray namespace for :class:`PoolEnvRunner` look-ups in this process. The pool's
-    WorkerHost calls it: an actor created in a namespace other than its job's cannot ask Ray for it
-    (``get_runtime_context().namespace`` is the job's)."""
-    global _run_namespace
-    _run_namespace = namespace
 
 
 class ToolsWorker:
@@ -50,12 +43,12 @@ class ToolsWorker:
         self.runner = EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins)
 
     @dispatch("list_scatter")
-    def run_env_calls(self, requests: list[dict[str, Any]]) -> list[Outcome]:
-        """One outcome per request, in order: ``("ok", result dict)`` or ``("error" | "timeout" |
-        "crash", message)``. ``requests`` are :class:`MultiTurnRollout`'s reset / step requests (dicts
-        with "op", "env", ...; docstring of :func:`hybridflow.agents.remote.agent_call`). Each call
-        has ``rollout.multi_turn.tool_timeout_s`` seconds; the process pool starts on first use."""
-        return self.runner.run(requests)
+    def run_env_calls(self, calls: list[EnvCall]) -> list[EnvOutcome]:
+        """One :class:`EnvOutcome` per call, in order: status "ok" with its ``result``, or "error" |
+        "timeout" | "crash" with a one-line ``message``. ``calls`` are :class:`MultiTurnRollout`'s
+        reset / step calls. Each call has ``rollout.multi_turn.tool_timeout_s`` seconds; the process
+        pool starts on first use."""
+        return self.runner.run(calls)
 
     def close(self) -> None:
         """Stop the process pool (called when the pool shuts down)."""
@@ -69,10 +62,12 @@ def tools_pool_name(cfg: ExperimentConfig) -> str | None:
 
 class PoolEnvRunner:
     """Rollout side: :class:`EnvRunner`'s interface (``run``, ``close``) with the calls executed by the
-    tools pool ``pool_name`` of the run's Ray namespace (looked up on first use, so the pools may start
-    in any order). ``namespace`` None: the one :func:`set_run_namespace` recorded in this process, else
-    the job's. Raises PoolError when the pool
-    does not exist or a rank does not answer within ``timeout_s`` (None: no limit)."""
+    tools pool ``pool_name`` of the Ray namespace ``namespace`` (looked up on first use, so the pools
+    may start in any order). ``namespace`` is the run's, which the rollout worker got from its
+    WorkerHost: an actor created in a namespace other than its job's cannot ask Ray for it
+    (``get_runtime_context().namespace`` is the job's); None (a driver or a test): the job's.
+    Raises PoolError when the pool does not exist or a rank does not answer within ``timeout_s``
+    (None: no limit)."""
 
     def __init__(self, pool_name: str, namespace: str | None = None, timeout_s: float | None = None) -> None:
         self.pool_name, self.namespace, self.timeout_s = pool_name, namespace, timeout_s
@@ -84,19 +79,19 @@ class PoolEnvRunner:
 
             from workers.pool import get_pool
 
-            namespace = self.namespace or _run_namespace or ray.get_runtime_context().namespace
+            namespace = self.namespace or ray.get_runtime_context().namespace
             self._tools = get_pool(self.pool_name, namespace, (TOOLS_ROLE,)).role(TOOLS_ROLE)
         return self._tools
 
-    def run(self, requests: list[dict[str, Any]]) -> list[Outcome]:
-        """One outcome per request, in order (the ranks of the tools pool share the requests)."""
-        if not requests:
+    def run(self, calls: list[EnvCall]) -> list[EnvOutcome]:
+        """One outcome per call, in order (the ranks of the tools pool share the calls)."""
+        if not calls:
             return []
-        return self._handle().run_env_calls(requests, timeout_s=self.timeout_s)
+        return self._handle().run_env_calls(calls, timeout_s=self.timeout_s)
 
     def close(self) -> None:
         """Nothing to release here: the tools pool's ranks own their processes."""
         self._tools = None
 
 
-__all__ = ["ToolsWorker", "PoolEnvRunner", "tools_pool_name", "set_run_namespace", "TOOLS_ROLE"]
+__all__ = ["ToolsWorker", "PoolEnvRunner", "tools_pool_name", "TOOLS_ROLE"]

@@ -1,70 +1,119 @@
-"""Run environment ``reset`` / ``step`` calls in the crash-proof reward process pool.
+"""Environment ``reset`` / ``step`` calls as a call kind of the crash-proof process pool.
 
-:class:`EnvRunner` sends each call as one row to :class:`hybridflow.rewards.procpool.ProcessPool`
-(the pool loads :func:`agent_call` as its verl-signature "reward" function), so a call that
-raises, hangs past ``timeout_s`` (its process group is SIGKILLed) or kills its process
-(``os._exit``, segfault, OOM) comes back as an ``error`` / ``timeout`` / ``crash`` outcome and the
+:class:`EnvRunner` sends each :class:`EnvCall` to a :class:`hybridflow.procpool.ProcessPool` of
+environment workers (``python -m hybridflow.agents._worker``), so a call that raises, hangs past
+``timeout_s`` (its process group is SIGKILLed) or kills its process (``os._exit``, segfault,
+OOM) comes back as an :class:`EnvOutcome` with status ``error`` / ``timeout`` / ``crash``, and the
 pool replaces the worker. An environment instance lives between calls as a pickle: every call
-returns the pickled instance, and the next ``step`` of that trajectory unpickles it (in whichever
-worker runs it). The pickles are made by our own worker processes from the user's environment
-class; model-written code never runs in them (the ``python`` tool runs in the sandbox).
+returns the pickled instance (:attr:`EnvResult.state`), and the next ``step`` of that trajectory
+unpickles it (in whichever worker runs it). The pickles are made by our own worker processes from
+the user's environment class; model-written code never runs in them (the ``python`` tool runs in
+the sandbox), and the parent never unpickles them.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import pickle
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from hybridflow.agents.environments import call_maybe_async, load_environment, normalise_step
+from hybridflow.agents.environments import Messages, call_maybe_async, load_environment, normalise_step
+from hybridflow.agents.loading import AgentLoadError
+from hybridflow.procpool import CallKind, ProcessPool, Unit, WorkerStartError
 
-Outcome = tuple[str, Any]  # ("ok", result dict) | ("error" | "timeout" | "crash", message)
-AGENT_CALL_SPEC = "hybridflow.agents.remote:agent_call"
-
-
-def _dump(obj: Any) -> str:
-    return base64.b64encode(pickle.dumps(obj)).decode("ascii")
-
-
-def _load(text: str) -> Any:
-    return pickle.loads(base64.b64decode(text))  # noqa: S301 - produced by our own worker (module docstring)
+ENV_CALLS = CallKind("environment", "hybridflow.agents._worker", "its plugins", AgentLoadError, WorkerStartError)
+_PRELOAD = ("hybridflow.agents.tools", "hybridflow.rewards.sandbox")  # imported by each worker, off the call clock
 
 
-def agent_call(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, Any]:
-    """Worker side. ``extra_info`` is the request: {"op": "reset" | "step", "env": spec,
-    "kwargs": constructor kwargs, "row": row dict (reset), "state": pickled env (step),
-    "text": assistant text (step)}. Returns {"score": 0, "result": pickled result dict}."""
-    req = extra_info
-    cls = load_environment(req["env"])
-    if req["op"] == "reset":
-        env = cls(**req["kwargs"])
-        messages = call_maybe_async(env.reset, req["row"])
+@dataclass(frozen=True)
+class EnvCall:
+    """One call on an environment (the environment call kind's request).
+
+    op "reset": build ``env`` (a registered name or a spec) with ``kwargs`` and call ``reset(row)``
+    (row: prompt, data_source, ground_truth, extra_info, uid). op "step": unpickle ``state`` (a
+    previous call's :attr:`EnvResult.state`) and call ``step(text)`` with the assistant's text.
+    """
+
+    op: Literal["reset", "step"]
+    env: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    row: dict[str, Any] | None = None
+    state: bytes | None = None
+    text: str = ""
+
+    @classmethod
+    def reset(cls, env: str, kwargs: dict[str, Any], row: dict[str, Any]) -> EnvCall:
+        return cls("reset", env, kwargs=kwargs, row=row)
+
+    @classmethod
+    def step(cls, env: str, state: bytes, text: str) -> EnvCall:
+        return cls("step", env, state=state, text=text)
+
+
+@dataclass(frozen=True)
+class EnvResult:
+    """What a call returned (the environment call kind's response). state: the environment instance
+    after the call, pickled by the worker. reset: ``messages`` (the conversation to start from; None
+    keeps the row's prompt). step: observation (str | messages | None), reward (float | None), done,
+    info (counters such as tool_calls, tool_errors, parse_errors)."""
+
+    state: bytes
+    messages: Messages | None = None
+    observation: str | Messages | None = None
+    reward: float | None = None
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EnvOutcome:
+    """One call's outcome: status "ok" with its ``result``, or "error" (the environment raised or
+    returned something malformed), "timeout" (past ``timeout_s``; its worker killed) or "crash" (its
+    process died) with a one-line ``message``."""
+
+    status: Literal["ok", "error", "timeout", "crash"]
+    result: EnvResult | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def env_call(call: EnvCall) -> EnvResult:
+    """Worker side: run ``call`` (see :class:`EnvCall`); raises what the environment raises, and
+    TypeError for a malformed reset / step return value."""
+    cls = load_environment(call.env)
+    if call.op == "reset":
+        env = cls(**call.kwargs)
+        messages = call_maybe_async(env.reset, call.row)
         if messages is not None and not isinstance(messages, list):
             raise TypeError(f"reset returned {type(messages).__name__}; expected a list of chat messages or None")
-        result: dict[str, Any] = {"messages": messages}
-    else:
-        env = _load(req["state"])
-        result = dataclasses.asdict(normalise_step(call_maybe_async(env.step, req["text"])))
-    result["state"] = _dump(env)
-    return {"score": 0.0, "result": _dump(result)}
+        return EnvResult(pickle.dumps(env), messages=messages)
+    assert call.state is not None, "a step call carries the state its reset returned"
+    env = pickle.loads(call.state)  # noqa: S301 - made by our own worker (module docstring)
+    step = normalise_step(call_maybe_async(env.step, call.text))
+    return EnvResult(pickle.dumps(env), observation=step.observation, reward=step.reward, done=step.done,
+                     info=dict(step.info))  # fmt: skip
 
 
 class EnvRunner:
     """Parent side: a process pool executing environment calls. ``num_workers`` processes,
-    ``timeout_s`` per call, ``plugins`` imported in each worker first. Started on first use."""
+    ``timeout_s`` per call, ``plugins`` imported in each worker first. Started on first use;
+    raises AgentLoadError when a worker cannot import its plugins."""
 
     def __init__(self, num_workers: int, timeout_s: float, plugins: list[str] | tuple[str, ...] = ()) -> None:
         self.num_workers, self.timeout_s, self.plugins = num_workers, timeout_s, list(plugins)
-        self._pool: Any = None
+        self._pool: ProcessPool | None = None
 
-    def _start(self) -> Any:
+    @property
+    def restarts(self) -> int:
+        """Workers replaced after a timeout or crash since start."""
+        return self._pool.restarts if self._pool else 0
+
+    def _start(self) -> ProcessPool:
         if self._pool is None:
-            from hybridflow.config import RewardConfig
-            from hybridflow.rewards.procpool import ProcessPool
-
-            preload = ["hybridflow.agents.tools", "hybridflow.rewards.sandbox", *self.plugins]  # off the call clock
-            pool = ProcessPool(AGENT_CALL_SPEC, RewardConfig().model_dump(), preload, self.num_workers)
+            pool = ProcessPool(ENV_CALLS, None, [*_PRELOAD, *self.plugins], self.num_workers)
             try:
                 pool.wait_ready()
             except BaseException:
@@ -73,24 +122,21 @@ class EnvRunner:
             self._pool = pool
         return self._pool
 
-    def run(self, requests: list[dict[str, Any]]) -> list[Outcome]:
-        """One outcome per request, in order (requests run concurrently on the workers)."""
-        if not requests:
+    def run(self, calls: list[EnvCall]) -> list[EnvOutcome]:
+        """One outcome per call, in order (calls run concurrently on the workers)."""
+        if not calls:
             return []
-        from hybridflow.rewards.procpool import Unit
-
         pool = self._start()
         outcomes: dict[int, Any] = {}
         # waves of one call per worker: ``timeout_s`` is then each call's own limit whether the pool
         # times rows one by one or a whole run() at once
-        for start in range(0, len(requests), self.num_workers):
-            wave = range(start, min(start + self.num_workers, len(requests)))
-            outcomes.update(pool.run([Unit("rows", [(i, ("agent", "", None, requests[i], ""))]) for i in wave],
-                                     self.timeout_s))  # fmt: skip
-        out: list[Outcome] = []
-        for i in range(len(requests)):
+        for start in range(0, len(calls), self.num_workers):
+            wave = range(start, min(start + self.num_workers, len(calls)))
+            outcomes.update(pool.run([Unit("rows", [(i, calls[i])]) for i in wave], self.timeout_s))
+        out: list[EnvOutcome] = []
+        for i in range(len(calls)):
             status, value = outcomes[i]
-            out.append(("ok", _load(value["extra"]["result"])) if status == "ok" else (status, value))
+            out.append(EnvOutcome("ok", result=value) if status == "ok" else EnvOutcome(status, message=value))
         return out
 
     def close(self) -> None:
@@ -99,4 +145,4 @@ class EnvRunner:
             self._pool = None
 
 
-__all__ = ["EnvRunner", "agent_call", "AGENT_CALL_SPEC"]
+__all__ = ["ENV_CALLS", "EnvCall", "EnvOutcome", "EnvResult", "EnvRunner", "env_call"]

@@ -7,7 +7,13 @@ executor, and a sandbox for running model-written code.
 See docs/rewards.md. Nothing here imports torch.
 """
 
-from hybridflow.rewards.executor import FAILURE_METRICS, RewardExecutor, RewardItem, RewardResults
+from hybridflow.rewards.executor import (
+    FAILURE_METRICS,
+    RewardExecutor,
+    RewardItem,
+    RewardResults,
+    RewardWorkerError,
+)
 from hybridflow.rewards.extract import (
     extract_answer_line,
     extract_answer_tags,
@@ -18,7 +24,6 @@ from hybridflow.rewards.extract import (
 )
 from hybridflow.rewards.format import format_score, register_format_style
 from hybridflow.rewards.loader import RewardFunction, RewardLoadError, load_reward_function
-from hybridflow.rewards.procpool import RewardWorkerError
 from hybridflow.rewards.registry import (
     UnknownDataSourceError,
     default_compute_score,

@@ -1,36 +1,20 @@
-"""The reward worker process: loads the scorer once, then scores chunks of rows sent over a pipe.
+"""The reward worker process: the reward call kind's child of :mod:`hybridflow.procpool`.
 
-Runs as ``python -m hybridflow.rewards._worker FD`` started by :mod:`hybridflow.rewards.procpool`
-(a fresh interpreter, like multiprocessing's ``spawn``, but without re-running the parent's
-``__main__``, which breaks under ``python - < script`` and in Ray workers). FD is the child end
-of a ``multiprocessing`` Pipe; the first message is ``(sys_path, spec, cfg_dict, plugins)``.
-Protocol (tuples over the pipe):
-
-- child → parent at start: ``("ready", reward_names, batched, reward_prefixes)`` or ``("load_error", message)``.
-- parent → child: ``("rows", call_id, [(row, payload), ...])`` — score each row, answering
-  ``("row", call_id, row, status, value)`` as each finishes (so the parent knows which row a
-  hang or crash happened on); ``("batch", call_id, [(row, payload), ...])`` — one batched call,
-  answered by ``("batch", call_id, [(status, value), ...])``; ``("stop",)``.
-
-``payload`` = (data_source, solution_str, ground_truth, extra_info, prompt). ``status`` is
-"ok" (value = {"score": float, "extra": {...}}), "nan" (None / NaN / inf score) or "error"
-(value = a one-line message). Nothing raised by user code leaves this loop.
+Runs as ``python -m hybridflow.rewards._worker FD`` (the loop, the pipe protocol and the error
+outcomes: :mod:`hybridflow.procpool.child`). Setup: ``(spec, cfg_dict)``; the scorer is loaded
+once (rule rewards by data_source when ``spec`` is None, else the user's function). Requests are
+:class:`hybridflow.rewards.executor.RewardItem`; an outcome is "ok" (value = a
+:class:`RewardScore`), "nan" (None / NaN / inf score) or "error" (value = a one-line message).
+Ready info: the registered reward names and prefixes (:class:`RewardSources`).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import signal
-import sys
-import threading
-import time
-import traceback
-from multiprocessing.connection import Connection
 from typing import Any
 
-Payload = tuple[str, str, Any, Any, str]
+from hybridflow.procpool.child import Outcome, serve
+from hybridflow.rewards.executor import RewardItem, RewardScore, RewardSources
 
 
 class _Scorer:
@@ -48,20 +32,20 @@ class _Scorer:
     def batched(self) -> bool:
         return self.fn is not None and self.fn.batched
 
-    def score_row(self, p: Payload) -> Any:
+    def score_row(self, p: RewardItem) -> Any:
         if self.fn is None:
             from hybridflow.rewards.registry import default_compute_score
 
-            return default_compute_score(p[0], p[1], p[2], p[3], reward_cfg=self.cfg)
-        return self.fn.score_row(p[0], p[1], p[2], p[3])
+            return default_compute_score(p.data_source, p.solution_str, p.ground_truth, p.extra_info, reward_cfg=self.cfg)
+        return self.fn.score_row(p.data_source, p.solution_str, p.ground_truth, p.extra_info)
 
-    def score_batch(self, ps: list[Payload]) -> list[Any]:
+    def score_batch(self, ps: list[RewardItem]) -> list[Any]:
         assert self.fn is not None
-        return self.fn.score_batch([p[4] for p in ps], [p[1] for p in ps], [p[0] for p in ps],
-                                   [p[2] for p in ps], [p[3] for p in ps])  # fmt: skip
+        return self.fn.score_batch([p.prompt for p in ps], [p.solution_str for p in ps], [p.data_source for p in ps],
+                                   [p.ground_truth for p in ps], [p.extra_info for p in ps])  # fmt: skip
 
 
-def normalise(value: Any) -> tuple[str, Any]:
+def normalise(value: Any) -> Outcome:
     """Turn a reward function's return value into (status, value) — see the module docstring."""
     extra: dict[str, Any] = {}
     if isinstance(value, dict):
@@ -77,7 +61,7 @@ def normalise(value: Any) -> tuple[str, Any]:
         return "error", f"returned {type(value).__name__} {str(value)[:60]!r}, not a number"
     if not math.isfinite(score):
         return "nan", f"returned {score}"
-    return "ok", {"score": score, "extra": extra}
+    return "ok", RewardScore(score, extra)
 
 
 def _scalar(v: Any) -> Any:
@@ -89,67 +73,25 @@ def _scalar(v: Any) -> Any:
         return str(v)
 
 
-def _error(e: BaseException) -> tuple[str, str]:
-    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    at = f" at {where.filename}:{where.lineno}" if where else ""
-    return "error", f"raised {type(e).__name__}: {str(e)[:300]}{at}"
+class RewardHandler:
+    """The reward call kind's handler (:class:`hybridflow.procpool.child.Handler`); setup = (spec, cfg_dict)."""
 
-
-def worker_main(conn: Any, spec: str | None, cfg_dict: dict[str, Any], plugins: list[str]) -> None:
-    """Child process entry point (must stay importable without torch for a fast spawn)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
-    try:
-        for mod in plugins:
-            importlib.import_module(mod)
-        scorer = _Scorer(spec, cfg_dict)
+    def __init__(self, setup: tuple[str | None, dict[str, Any]]) -> None:
         from hybridflow.rewards.registry import reward_names, reward_prefixes
 
-        conn.send(("ready", reward_names(), scorer.batched, reward_prefixes()))
-    except BaseException as e:  # noqa: BLE001 - report anything, including SystemExit
-        conn.send(("load_error", f"{type(e).__name__}: {e}"))
-        return
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg[0] == "stop":
-            return
-        kind, call_id, rows = msg
-        if kind == "rows":
-            for row, payload in rows:
-                try:
-                    status, value = normalise(scorer.score_row(payload))
-                except BaseException as e:  # noqa: BLE001
-                    status, value = _error(e)
-                conn.send(("row", call_id, row, status, value))
-        else:
-            try:
-                out = [normalise(v) for v in scorer.score_batch([p for _, p in rows])]
-            except BaseException as e:  # noqa: BLE001
-                out = [_error(e)] * len(rows)
-            conn.send(("batch", call_id, out))
+        self.scorer = _Scorer(*setup)
+        self.batched = self.scorer.batched
+        self.info = RewardSources(tuple(reward_names()), tuple(reward_prefixes()))  # after the function's import
 
+    def call(self, request: RewardItem) -> Outcome:
+        return normalise(self.scorer.score_row(request))
 
-def _exit_with_parent() -> None:
-    """Workers live in their own session, so a SIGKILLed trainer would leave a hung one behind:
-    a daemon thread ends this process once its parent is gone."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+    def call_batch(self, requests: list[RewardItem]) -> list[Outcome]:
+        return [normalise(v) for v in self.scorer.score_batch(requests)]
 
 
 def main() -> None:
-    _exit_with_parent()
-    conn = Connection(int(sys.argv[1]))
-    sys_path, spec, cfg_dict, plugins = conn.recv()
-    sys.path[:] = sys_path
-    worker_main(conn, spec, cfg_dict, plugins)
+    serve(RewardHandler)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.config import RewardConfig
-from hybridflow.rewards.procpool import _DEPTH, ProcessPool, Unit
+from hybridflow.procpool import CallKind, ProcessPool, Unit, WorkerStartError
+from hybridflow.procpool.pool import _DEPTH
+from hybridflow.rewards.loader import RewardLoadError
 from hybridflow.rewards.registry import UnknownDataSourceError
 
 logger = logging.getLogger("hybridflow.rewards")
@@ -40,9 +42,14 @@ FAILURE_METRICS = {"error": "reward/errors", "nan": "reward/nan", "timeout": "re
 _ROWS_PER_CHUNK = 8  # small chunks: the rows queued behind a hung row in its chunk time out with it
 
 
+class RewardWorkerError(WorkerStartError):
+    """A reward worker could not be started (not a failure of one row)."""
+
+
 @dataclass(frozen=True)
 class RewardItem:
-    """One response to score. ``prompt`` is the rendered prompt text (TRL functions get it)."""
+    """One response to score (the reward call kind's request). ``prompt`` is the rendered prompt
+    text (TRL functions get it)."""
 
     data_source: str
     solution_str: str
@@ -50,6 +57,27 @@ class RewardItem:
     extra_info: dict[str, Any] | None = None
     prompt: str = ""
     uid: str | None = None
+
+
+@dataclass(frozen=True)
+class RewardScore:
+    """The reward call kind's response for a scored row: the finite score and the function's other
+    returned fields (scalars: bool, int, float, str or None)."""
+
+    score: float
+    extra: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RewardSources:
+    """What a reward worker reports once loaded: the registered data_source names and prefixes
+    (rule rewards; a registered prefix matches every data_source that starts with it)."""
+
+    names: tuple[str, ...]
+    prefixes: tuple[str, ...]
+
+
+REWARD_CALLS = CallKind("reward", "hybridflow.rewards._worker", "the reward", RewardLoadError, RewardWorkerError)
 
 
 @dataclass
@@ -96,7 +124,8 @@ class RewardExecutor:
     def start(self) -> None:
         """Start the workers and wait until they have loaded the reward; raises RewardLoadError."""
         if self._pool is None:
-            pool = ProcessPool(self.cfg.function, self.cfg.model_dump(), self.plugins, self.cfg.num_workers)
+            setup = (self.cfg.function, self.cfg.model_dump())
+            pool = ProcessPool(REWARD_CALLS, setup, self.plugins, self.cfg.num_workers)
             try:
                 pool.wait_ready()
             except BaseException:
@@ -125,11 +154,12 @@ class RewardExecutor:
         if not items:
             return RewardResults(scores=[])
         if self.cfg.function is None:
-            names, prefixes = set(self._pool.reward_names), tuple(self._pool.reward_prefixes)
+            sources: RewardSources = self._pool.info
+            names, prefixes = set(sources.names), sources.prefixes
             unknown = sorted({it.data_source for it in items
                               if it.data_source not in names and not str(it.data_source).startswith(prefixes)})
             if unknown:
-                known = [*self._pool.reward_names, *(f"{p}*" for p in prefixes)]
+                known = [*sources.names, *(f"{p}*" for p in prefixes)]
                 raise UnknownDataSourceError(
                     f"no reward registered for data_source {unknown}; registered: {', '.join(known)}"
                 )
@@ -137,7 +167,7 @@ class RewardExecutor:
         return self._collect(items, [outcomes[i] for i in range(len(items))])
 
     def _units(self, items: list[RewardItem]) -> list[Unit]:
-        rows = [(i, (it.data_source, it.solution_str, it.ground_truth, it.extra_info, it.prompt)) for i, it in enumerate(items)]
+        rows = list(enumerate(items))
         batched = self._pool is not None and self._pool.batched
         if batched:  # one batched call per worker
             size = math.ceil(len(rows) / self.cfg.num_workers)
@@ -153,9 +183,9 @@ class RewardExecutor:
         messages: list[str | None] = []
         for i, (status, value) in enumerate(outcomes):
             if status == "ok":
-                scores.append(value["score"])
+                scores.append(value.score)
                 failures.append(None)
-                extras.append(value["extra"])
+                extras.append(value.extra)
                 messages.append(None)
                 continue
             scores.append(self.cfg.on_error)
@@ -199,4 +229,5 @@ def reward_metrics(items: list[RewardItem], scores: list[float], failures: list[
 
 _metrics = reward_metrics  # the name workers/reward.py imported first
 
-__all__ = ["reward_metrics", "RewardExecutor", "RewardItem", "RewardResults", "FAILURE_METRICS"]
+__all__ = ["reward_metrics", "RewardExecutor", "RewardItem", "RewardResults", "RewardScore", "RewardSources",
+           "RewardWorkerError", "REWARD_CALLS", "FAILURE_METRICS"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from hybridflow.agents.remote import EnvCall
 from hybridflow.config import config_from_dict
 from tests.unit.test_rollout_multi_turn import FIX, TOK, TOOLS, ScriptedEngine, call, rollout
 from workers.dispatch import get_dispatch
@@ -131,9 +132,36 @@ def test_a_tools_rank_is_ready_at_once_without_a_process_group():
     host = WorkerHost(cfg.model_dump(mode="json"), "tools", 1, 2, None)
     try:
         assert host.is_ready() and host.ping()["roles"] == ["tools"]
-        reset = {"op": "reset", "env": "tools", "kwargs": {"tools": [f"{FIX}:add"], "tool_format": "hermes"},
-                 "row": {"prompt": [{"role": "user", "content": "Q"}]}}  # fmt: skip
-        [(status, value)] = host.call("tools", "run_env_calls", [reset])
-        assert status == "ok" and value["messages"] is None
+        reset = EnvCall.reset("tools", {"tools": [f"{FIX}:add"], "tool_format": "hermes"},
+                              {"prompt": [{"role": "user", "content": "Q"}]})  # fmt: skip
+        [outcome] = host.call("tools", "run_env_calls", [reset])
+        assert outcome.ok and outcome.result.messages is None
     finally:
         host.shutdown()
+
+
+def test_the_host_hands_its_namespace_to_the_rollout_side_and_sets_no_module_state():
+    """The run's Ray namespace reaches the tools-pool look-up as constructor arguments (WorkerHost ->
+    PolicyWorker -> MultiTurnRollout -> PoolEnvRunner); workers.tools keeps no namespace, and the host
+    module does not import workers.tools (the loop pool -> host -> tools -> pool is gone)."""
+    import ast
+    from pathlib import Path
+
+    import workers.host
+    import workers.tools
+    from tests.unit._worker_helpers import tiny_cfg
+    from workers.host import WorkerHost
+
+    cfg = tiny_cfg("rollout.tools=[calculator]", "placement.pools.main.roles=[policy]",
+                   "placement.pools.tools={workers: 1, cpus_per_worker: 0.5, roles: [tools]}")  # fmt: skip
+    host = WorkerHost(cfg.model_dump(mode="json"), "main", 0, 1, None, namespace="hybridflow-ns-test")
+    try:
+        runner = host.workers["policy"]._multi_turn.runner
+        assert isinstance(runner, PoolEnvRunner) and (runner.pool_name, runner.namespace) == ("tools", "hybridflow-ns-test")
+    finally:
+        host.shutdown()
+    assert not [k for k in vars(workers.tools) if "namespace" in k]
+    tree = ast.parse(Path(workers.host.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "workers.tools" not in imported

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from hybridflow.agents.checks import TOOLS_ENVIRONMENT, environment_spec
+from hybridflow.agents.remote import EnvCall, EnvOutcome
 from hybridflow.agents.render import ChatRenderer, truncate_middle
 from hybridflow.batch import is_padding
 from workers.progress import Tick
@@ -50,7 +51,7 @@ class Trajectory:
     env: str
     messages: list[dict[str, Any]]
     extra_info: dict[str, Any] | None = None
-    state: str | None = None
+    state: bytes | None = None  # the environment instance, pickled by an environment worker
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
@@ -94,7 +95,7 @@ class MultiTurnRollout:
     """Drives ``engine`` through multi-turn conversations.
 
     engine: a RolloutEngine; tokenizer: with a chat template; rollout_cfg: the RolloutConfig;
-    runner: an EnvRunner (the process pool executing reset/step).
+    runner: an EnvRunner (the process pool executing reset/step: ``run(list[EnvCall]) -> list[EnvOutcome]``).
     """
 
     def __init__(self, engine: Any, tokenizer: Any, rollout_cfg: Any, runner: Any) -> None:
@@ -113,15 +114,15 @@ class MultiTurnRollout:
         self.continue_kv = self.mt.kv_cache and engine_capabilities(engine).continuing_kv
 
     @classmethod
-    def from_config(cls, engine: Any, tokenizer: Any, cfg: Any) -> MultiTurnRollout:
+    def from_config(cls, engine: Any, tokenizer: Any, cfg: Any, namespace: str | None = None) -> MultiTurnRollout:
         """For an ExperimentConfig: the tools pool executes reset/step when a pool has the ``tools``
-        role (:class:`workers.tools.PoolEnvRunner`), else an in-process EnvRunner of
-        ``rollout.multi_turn.num_workers`` processes."""
+        role (:class:`workers.tools.PoolEnvRunner`, looked up in the Ray ``namespace``: the run's;
+        None: the job's), else an in-process EnvRunner of ``rollout.multi_turn.num_workers`` processes."""
         from hybridflow.agents.remote import EnvRunner
         from workers.tools import PoolEnvRunner, tools_pool_name
 
         mt, pool = cfg.rollout.multi_turn, tools_pool_name(cfg)
-        runner = PoolEnvRunner(pool) if pool else EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins)
+        runner = PoolEnvRunner(pool, namespace) if pool else EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins)
         return cls(engine, tokenizer, cfg.rollout, runner)
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -157,13 +158,13 @@ class MultiTurnRollout:
                 trajs.append(Trajectory(prompt, env, list(row["prompt"] or []), row.get("extra_info")))
                 rows.append(row)
         outcomes = self.runner.run([self._reset_request(t, r) for t, r in zip(trajs, rows, strict=True)])
-        for t, (status, value) in zip(trajs, outcomes, strict=True):
-            if status != "ok":
+        for t, outcome in zip(trajs, outcomes, strict=True):
+            if outcome.result is None:
                 t.finish = "env_error"
                 continue
-            t.state = value["state"]
-            if value["messages"] is not None:
-                t.messages = list(value["messages"])
+            t.state = outcome.result.state
+            if outcome.result.messages is not None:
+                t.messages = list(outcome.result.messages)
                 t.prompt = self.renderer.prompt_ids(t.messages)
             elif t.messages and (self.mt.system_prompt or self._schemas_for(t)):
                 t.messages = _with_system(t.messages, self.mt.system_prompt)
@@ -216,23 +217,23 @@ class MultiTurnRollout:
             ids[r, width - len(s) :], mask[r, width - len(s) :] = s, True
         return ids, mask
 
-    def _after_step(self, t: Trajectory, outcome: tuple[str, Any], budget: int) -> None:
+    def _after_step(self, t: Trajectory, outcome: EnvOutcome, budget: int) -> None:
         """Record the step's result; end the trajectory or append the observation's tokens."""
-        status, value = outcome
         observation: Any = None
-        if status == "ok":
-            t.state = value["state"]
-            if value["reward"] is not None:
-                t.reward = (t.reward or 0.0) + value["reward"]
-            self._count(t, value["info"])
-            if value["done"]:
+        if (res := outcome.result) is not None:
+            t.state = res.state
+            if res.reward is not None:
+                t.reward = (t.reward or 0.0) + res.reward
+            self._count(t, res.info)
+            if res.done:
                 t.finish = "stop" if t.env == TOOLS_ENVIRONMENT else "env_done"
                 return
-            observation = value["observation"]
+            observation = res.observation
         elif t.env == TOOLS_ENVIRONMENT:  # a tool hung or killed its process: the model hears of it
-            t.tool_timeouts += status == "timeout"
-            t.tool_errors += status != "timeout"
-            observation = [{"role": "tool", "name": "error", "content": f"error: the tool call failed ({value})"}]
+            t.tool_timeouts += outcome.status == "timeout"
+            t.tool_errors += outcome.status != "timeout"
+            failed = f"error: the tool call failed ({outcome.message})"
+            observation = [{"role": "tool", "name": "error", "content": failed}]
         else:
             t.finish = "env_error"
             return
@@ -256,17 +257,18 @@ class MultiTurnRollout:
         t.parse_errors += int(info.get("parse_errors", 0))
 
     # ---- requests to the environment pool ------------------------------------------------------
-    def _reset_request(self, t: Trajectory, row: dict[str, Any]) -> dict[str, Any]:
+    def _reset_request(self, t: Trajectory, row: dict[str, Any]) -> EnvCall:
         if t.env == TOOLS_ENVIRONMENT:
             kwargs = {"tools": list(self.cfg.tools), "tool_format": self.mt.tool_format,
                       "python_timeout_s": max(0.5, 0.75 * self.mt.tool_timeout_s)}  # fmt: skip
         else:
             kwargs = dict((row.get("extra_info") or {}).get("env_kwargs", {}))
-        return {"op": "reset", "env": t.env, "kwargs": kwargs, "row": row}
+        return EnvCall.reset(t.env, kwargs, row)
 
     @staticmethod
-    def _step_request(t: Trajectory, text: str) -> dict[str, Any]:
-        return {"op": "step", "env": t.env, "state": t.state, "text": text}
+    def _step_request(t: Trajectory, text: str) -> EnvCall:
+        assert t.state is not None, "a live trajectory's environment was reset"
+        return EnvCall.step(t.env, t.state, text)
 
     # ---- output --------------------------------------------------------------------------------
     def _output(self, trajs: list[Trajectory], counted: bool = True) -> MultiTurnOutput:

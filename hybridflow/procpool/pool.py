@@ -1,18 +1,27 @@
-"""A small process pool for reward functions that survives hangs and crashes of user code.
+"""A small process pool that survives hangs and crashes of the user code it runs.
 
-Each worker is a fresh interpreter (``python -m hybridflow.rewards._worker``, in its own
-session) that loads the scorer once. Work goes out in small chunks of rows, one chunk in flight
-per worker (:data:`_DEPTH`): free workers keep taking chunks from the queue, so a hung row holds
-up only its own worker and the rest of its chunk. The child answers row by row, so the parent
-always knows which row is running.
+Generic over a :class:`CallKind`: what the workers execute (a reward function scoring rows, an
+environment's ``reset`` / ``step``, ...) with the kind's own request and response types. Each
+worker is a fresh interpreter (``python -m <kind.child_module>``, in its own session; the child
+loop is :func:`hybridflow.procpool.child.serve`) that loads its handler once. Work goes out in
+small chunks of rows (a row = one request), one chunk in flight per worker (:data:`_DEPTH`):
+free workers keep taking chunks from the queue, so a hung row holds up only its own worker and
+the rest of its chunk. The child answers row by row, so the parent always knows which row is
+running.
 
 One deadline per call of :meth:`ProcessPool.run`: ``timeout_s`` from its start, the clock
 stopped while no worker is up (all being replaced after a crash or a timeout). The rows of a
-batch time out together, so a reward that hangs on every row costs one ``timeout_s`` per batch,
+batch time out together, so a handler that hangs on every row costs one ``timeout_s`` per batch,
 not one per row: at the deadline every row still running, or sent but not started, or still
 queued, is a ``timeout``, and the workers that hold such rows have their process group killed
 (SIGKILL) and are replaced. A worker that dies (``os._exit``, segfault, OOM kill) fails the
 row it was on; the rest of its chunks go back to the queue. A batched call fails as a whole.
+Every replaced worker counts in :attr:`ProcessPool.restarts`; no row is ever lost: each row of
+a call comes back with an outcome.
+
+Outcomes are ``(status, value)``: "ok" with the kind's response, "error" (the handler raised;
+value = one line), "timeout", "crash" (value = what happened), or a status the kind defines
+(rewards: "nan").
 """
 
 from __future__ import annotations
@@ -30,21 +39,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridflow.rewards.loader import RewardLoadError
+from hybridflow.procpool.child import Outcome  # (status, value): ok | error | timeout | crash | a kind's own
 
-Row = tuple[int, tuple[Any, ...]]  # (row index, payload)
-Outcome = tuple[str, Any]  # (status, value): ok | nan | error | timeout | crash
+Row = tuple[int, Any]  # (row index, request of the pool's call kind)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _DEPTH = 1  # chunks in flight per worker; more would queue rows behind a row that may hang
 
 
-class RewardWorkerError(RuntimeError):
-    """A reward worker could not be started (not a failure of one row)."""
+class WorkerLoadError(RuntimeError):
+    """A worker could not load its handler (or its plugins), or died while loading."""
+
+
+class WorkerStartError(RuntimeError):
+    """A worker did not start within ``start_timeout_s`` (not a failure of one row)."""
+
+
+@dataclass(frozen=True)
+class CallKind:
+    """One kind of call a pool executes.
+
+    name: in error messages ("reward", "environment"). child_module: the worker process, run as
+    ``python -m child_module FD`` (its ``main`` calls :func:`hybridflow.procpool.child.serve` with
+    the kind's handler; the name shows in ``ps``). loads: what a worker loads before it is ready
+    ("the reward"), for the load error. load_error / start_error: the exception classes raised for
+    a worker that cannot load (message first) / does not start in time.
+    """
+
+    name: str
+    child_module: str
+    loads: str
+    load_error: type[Exception] = WorkerLoadError
+    start_error: type[Exception] = WorkerStartError
 
 
 @dataclass
 class Unit:
-    """A chunk of rows scored by one worker: row by row ("rows") or in one call ("batch")."""
+    """A chunk of rows run by one worker: row by row ("rows") or in one batched call ("batch")."""
 
     kind: str
     rows: list[Row]
@@ -61,12 +91,12 @@ class _Worker:
     done: set[int] = field(default_factory=set)  # rows of units[0] answered
 
 
-def _start_worker(init: tuple[Any, ...]) -> _Worker:
+def _start_worker(child_module: str, init: tuple[Any, ...]) -> _Worker:
     parent, child = mp.Pipe(duplex=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hybridflow.rewards._worker", str(child.fileno())],
+        [sys.executable, "-m", child_module, str(child.fileno())],
         pass_fds=(child.fileno(),), env=env, start_new_session=True,
     )  # fmt: skip
     child.close()
@@ -96,26 +126,32 @@ def _kill_all(workers: list[_Worker]) -> None:
 
 
 class ProcessPool:
-    """``num_workers`` reward processes for one scorer (rule rewards when ``spec`` is None)."""
+    """``num_workers`` processes executing calls of one :class:`CallKind`.
 
-    def __init__(self, spec: str | None, cfg_dict: dict[str, Any], plugins: list[str], num_workers: int,
+    setup: picklable, handed to the kind's handler factory in each worker (e.g. the reward spec and
+    config). plugins: modules each worker imports first (off the call clock). After
+    :meth:`wait_ready`, ``info`` is what the handler reported when it was ready (the kind's type)
+    and ``batched`` whether it takes "batch" units. ``restarts``: workers replaced since start.
+    """
+
+    def __init__(self, kind: CallKind, setup: Any, plugins: list[str] | tuple[str, ...], num_workers: int,
                  start_timeout_s: float = 120.0) -> None:  # fmt: skip
-        self._init = (list(sys.path), spec, cfg_dict, list(plugins))
+        self.kind = kind
+        self._init = (list(sys.path), setup, list(plugins))
         self._start_timeout_s = start_timeout_s
-        self.reward_names: list[str] = []
-        self.reward_prefixes: list[str] = []  # data sources matched by prefix (e.g. every aime* name)
+        self.info: Any = None
         self.batched = False
         self.restarts = 0
         self._call = 0
         self._timeout_s = 0.0
         self._pending: deque[Unit] = deque()
         self._out: dict[int, Outcome] = {}
-        self._workers = [_start_worker(self._init) for _ in range(num_workers)]
+        self._workers = [_start_worker(kind.child_module, self._init) for _ in range(num_workers)]
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def wait_ready(self) -> None:
-        """Block until every worker has loaded the scorer; raise RewardLoadError / RewardWorkerError."""
+        """Block until every worker has loaded its handler; raises ``kind.load_error`` / ``kind.start_error``."""
         while not all(w.ready for w in self._workers):
             self._poll(time.monotonic() + 0.5)
 
@@ -136,12 +172,12 @@ class ProcessPool:
 
     def _replace(self, i: int) -> None:
         _kill_all([self._workers[i]])
-        self._workers[i] = _start_worker(self._init)
+        self._workers[i] = _start_worker(self.kind.child_module, self._init)
         self.restarts += 1
 
-    # ---- scoring ---------------------------------------------------------------------------
+    # ---- calls -----------------------------------------------------------------------------
     def run(self, units: list[Unit], timeout_s: float) -> dict[int, Outcome]:
-        """Score all rows of ``units`` within one deadline, ``timeout_s`` from now; returns
+        """Run all rows of ``units`` within one deadline, ``timeout_s`` from now; returns
         {row index: (status, value)} for every row (see the module docstring)."""
         self.wait_ready()  # workers replaced after the last call load first: not on this call's clock
         self._call += 1
@@ -159,7 +195,7 @@ class ProcessPool:
                     self._assign(w, self._pending.popleft())
             starting, t0 = not any(w.ready for w in self._workers), time.monotonic()
             self._poll(deadline)
-            if starting:  # no worker could score (all replaced after a crash): that time is not the rows'
+            if starting:  # no worker could run (all replaced after a crash): that time is not the rows'
                 deadline += time.monotonic() - t0
         return self._out
 
@@ -204,7 +240,7 @@ class ProcessPool:
                 self._fail_current(w, "crash", f"worker process died (exit code {w.proc.returncode})")
                 self._replace(i)
             elif not w.ready and time.monotonic() - w.started > self._start_timeout_s:
-                raise RewardWorkerError(f"reward worker did not start within {self._start_timeout_s:g} s")
+                raise self.kind.start_error(f"{self.kind.name} worker did not start within {self._start_timeout_s:g} s")
 
     def _drain(self, w: _Worker) -> bool:
         """Handle every message waiting from ``w``; False when its pipe is closed."""
@@ -217,10 +253,9 @@ class ProcessPool:
 
     def _handle(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         if msg[0] == "ready":
-            w.ready, self.reward_names, self.batched = True, list(msg[1]), bool(msg[2])
-            self.reward_prefixes = list(msg[3])
+            w.ready, self.info, self.batched = True, msg[1], bool(msg[2])
         elif msg[0] == "load_error":
-            raise RewardLoadError(f"reward worker could not load the reward: {msg[1]}")
+            raise self.kind.load_error(f"{self.kind.name} worker could not load {self.kind.loads}: {msg[1]}")
         elif msg[1] != self._call or not w.units:
             return  # an answer to a call that was already given up on
         elif msg[0] == "row":
@@ -238,7 +273,8 @@ class ProcessPool:
     def _fail_current(self, w: _Worker, status: str, message: str) -> None:
         """Fail the row ``w`` was on (every row, for a batch); requeue the rest of its chunks."""
         if not w.ready:
-            raise RewardLoadError(f"reward worker died while loading the reward (exit code {w.proc.returncode})")
+            k = self.kind
+            raise k.load_error(f"{k.name} worker died while loading {k.loads} (exit code {w.proc.returncode})")
         if not w.units:
             return
         head = w.units.popleft()
@@ -252,4 +288,4 @@ class ProcessPool:
         w.done = set()
 
 
-__all__ = ["ProcessPool", "Unit", "RewardWorkerError"]
+__all__ = ["CallKind", "Outcome", "ProcessPool", "Row", "Unit", "WorkerLoadError", "WorkerStartError"]
