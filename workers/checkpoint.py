@@ -46,6 +46,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from hybridflow.deprecation import deprecated_attributes
 from hybridflow.layout import ITERATION_PREFIX, LATEST, LEGACY_CHECKPOINT_PREFIX, iteration_name, iteration_of
 from hybridflow.models.checkpoint import WriteError, errno_of, io_error_text
 
@@ -54,6 +55,8 @@ CHECKPOINT_PREFIXES = (ITERATION_PREFIX, LEGACY_PREFIX)
 # The prefix new checkpoints are written with (every reader takes both).
 CHECKPOINT_PREFIX = ITERATION_PREFIX
 TRAINER_STATE = "trainer_state.json"
+# Deprecated names served with a FutureWarning (removed in 0.3.0).
+__getattr__ = deprecated_attributes(__name__, {"STEP_PREFIX": ("workers.checkpoint.LEGACY_PREFIX", lambda: LEGACY_PREFIX)})
 
 
 class CheckpointError(RuntimeError):
