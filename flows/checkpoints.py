@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flows.run_dir import CHECKPOINTS, CONFIG
+from hybridflow.layout import CHECKPOINTS, CONFIG
 
 
 class CheckpointNotFoundError(FileNotFoundError):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from flows.run_dir import EXECUTION_LOG
+from hybridflow.layout import EXECUTION_LOG
 from workers.progress import PhaseProgress, read_progress
 
 CONSOLE_ENV = "HYBRIDFLOW_CONSOLE"  # "quiet" (the CLI's default) or "verbose" (-v); unset: as Prefect/Ray default

@@ -15,10 +15,10 @@ are submitted together and run concurrently on the task runner.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hybridflow.deprecation import warn_deprecated
 from tasks.common import RunContext, result_storage_path
 from tasks.node import Node, node
 
@@ -154,8 +154,8 @@ def _apply_deprecated_overrides(nodes: list[Node]) -> list[Node]:
     overriders = [n for n in nodes if n.overrides]
     if not overriders:
         return nodes
-    warnings.warn("overrides= is deprecated: wire the consumers with DataFlow.rewire (docs/extending.md)",
-                  DeprecationWarning, stacklevel=3)
+    warn_deprecated(f"@node(overrides=...) (nodes {', '.join(n.name for n in overriders)})",
+                    "DataFlow.rewire(consumer, param=node) (docs/extending.md)", stacklevel=3)
     by_name = {n.name: n for n in nodes}
     out = []
     for n in nodes:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.run_dir import CHECKPOINTS, CONFIG, RUN_INFO
 from hybridflow.config import ExperimentConfig, config_from_dict, load_config
+from hybridflow.layout import CHECKPOINTS, CONFIG, RUN_INFO
 
 EVAL_ROLES = ("policy", "reward")
 

@@ -27,6 +27,7 @@ from prefect import flow, get_run_logger
 
 from flows.dataflow import DataFlow, DataFlowError
 from hybridflow.config import ConfigError, ExperimentConfig
+from hybridflow.deprecation import warn_deprecated
 from tasks.advantage import advantage
 from tasks.common import RunContext
 from tasks.filter_groups import filter_groups
@@ -80,7 +81,9 @@ def builtin_dataflow(cfg: ExperimentConfig) -> DataFlow:
 
 
 def builtin_nodes(cfg: ExperimentConfig) -> list:
-    """The built-in dataflow's nodes (kept for user dataflows written against it)."""
+    """The built-in dataflow's nodes (deprecated: FutureWarning, removed in 0.3.0; use
+    ``builtin_dataflow(cfg)`` and edit it with ``rewire``/``without``, or its ``.nodes``)."""
+    warn_deprecated("flows.iteration.builtin_nodes(cfg)", "flows.iteration.builtin_dataflow(cfg) (its .nodes)")
     return builtin_dataflow(cfg).nodes
 
 

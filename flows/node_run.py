@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.run_dir import RunDir
+from hybridflow.layout import ITERATION_PREFIX, iteration_of
 
 NOT_RUNNABLE: dict[str, str] = {
     "rollout": "its output depends on the policy weights at that iteration",
@@ -39,7 +40,7 @@ class NodeRunError(ValueError):
 
 
 def _iterations(run_dir: Path) -> list[int]:
-    return sorted(int(p.name[5:]) for p in run_dir.glob("iter_*") if p.name[5:].isdigit())
+    return sorted(it for p in run_dir.glob(f"{ITERATION_PREFIX}*") if (it := iteration_of(p.name)) is not None)
 
 
 def _saved_uri(run: Any, name: str, use_debug: bool) -> str | None:

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flows.run_dir import CHECKPOINTS, CONFIG
 from hybridflow.config import ConfigError, ExperimentConfig
+from hybridflow.layout import CHECKPOINTS, CONFIG
 
 
 class PreflightError(ConfigError):

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from flows.preflight import PreflightError
-from flows.run_dir import CONFIG, RunDir
+from flows.run_dir import RunDir
 from hybridflow.config import ExperimentConfig, flatten_config, load_config
+from hybridflow.layout import CONFIG
 
 IDENTITY_KEYS = ("trainer.run_id", "trainer.run_dir", "trainer.resume")
 FREE_KEYS = (*IDENTITY_KEYS, "trainer.resume_fallback")

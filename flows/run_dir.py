@@ -1,20 +1,7 @@
-"""One training run's folder: the one place that names its files, and their persistence.
+"""One training run's folder: the paths of its files, and their persistence.
 
-Layout of ``<trainer.run_dir>/<run_id>/`` (a local path, or any fsspec URL for the files below
-that go through :class:`RunDir`)::
-
-    config.yaml            the resolved experiment config (a resume runs it)
-    run.json               identity: run_id, MLflow run, Prefect flow run, resume-override records
-    run.lock               the run's lock (flows/run_lock.py; local files only, O_EXCL)
-    metrics.jsonl          one {"iteration", "metrics"} line per iteration
-    validation.jsonl       one {"iteration", "metrics"} line per validation
-    summary.json           the end-of-run summary
-    execution_log.jsonl    one line per node body that ran (tasks/common.py record_execution)
-    pool_events.jsonl      one line per (re)start and stop of a pool rank (workers/pool_events.py)
-    iter_000007/           that iteration's node outputs: {prompts,rollout,reward,...}.{safetensors,json}
-    updates_policy.jsonl   the exactly-once ledgers, one per trained role (tasks/update.py)
-    checkpoints/           iter_000010/ ... and ``latest`` (workers/checkpoint.py; local files only)
-    prefect-results/       Prefect result storage: the node-level cache (tasks/results.py)
+The names of its files are :mod:`hybridflow.layout`'s (the one module that spells them, and
+lists the layout); this module builds their paths and reads and writes them.
 
 Every path is ``<url>/<name>``; reads and writes use ``fsspec.core.url_to_fs``, so a local path
 behaves as plain files do and a ``memory://`` or object-store URL works the same way.
@@ -34,15 +21,19 @@ import yaml
 from fsspec.implementations.local import LocalFileSystem
 
 from hybridflow.config import ConfigError, ExperimentConfig, config_from_dict, dump_config
-from tasks.layout import EXECUTION_LOG, RESULTS, ledger_name  # the files the tasks write
-
-CONFIG = "config.yaml"
-RUN_INFO = "run.json"
-METRICS = "metrics.jsonl"
-VALIDATION = "validation.jsonl"
-SUMMARY = "summary.json"
-POOL_EVENTS = "pool_events.jsonl"
-CHECKPOINTS = "checkpoints"
+from hybridflow.layout import (
+    CHECKPOINTS,
+    CONFIG,
+    EXECUTION_LOG,
+    METRICS,
+    POOL_EVENTS,
+    RESULTS,
+    RUN_INFO,
+    SUMMARY,
+    VALIDATION,
+    iteration_name,
+    ledger_name,
+)
 
 
 class RunDir:
@@ -113,7 +104,7 @@ class RunDir:
 
     def iter_dir(self, iteration: int) -> str:
         """``<url>/iter_000007``: the node outputs of iteration 7."""
-        return self.path(f"iter_{iteration:06d}")
+        return self.path(iteration_name(iteration))
 
     def ledger(self, role: str) -> str:
         """``<url>/updates_<role>.jsonl``: the exactly-once ledger of a trained role."""

@@ -30,8 +30,9 @@ from typing import Any
 
 from flows.preflight import PreflightError
 from hybridflow.config import ExperimentConfig
+from hybridflow.layout import RUN_INFO, RUN_LOCK
 
-LOCK_NAME = "run.lock"
+LOCK_NAME = RUN_LOCK  # the name tests and callers import from here
 UNREADABLE_GRACE_S = 10.0  # an empty lock file younger than this may be mid-write
 _HELD: dict[str, int] = {}  # lock path -> reference count in this process
 
@@ -174,8 +175,8 @@ def release_run_lock(run_dir: str | Path, *, remove_empty_dir: bool = False) -> 
 
 
 def latest_run(parent: Path) -> Path | None:
-    runs = [p for p in parent.iterdir() if (p / "run.json").exists()] if parent.exists() else []
-    return max(runs, key=lambda p: (p / "run.json").stat().st_mtime) if runs else None
+    runs = [p for p in parent.iterdir() if (p / RUN_INFO).exists()] if parent.exists() else []
+    return max(runs, key=lambda p: (p / RUN_INFO).stat().st_mtime) if runs else None
 
 
 def resolve_run_dir(cfg: ExperimentConfig, resume: str | None) -> tuple[Path, bool]:
@@ -193,7 +194,7 @@ def resolve_run_dir(cfg: ExperimentConfig, resume: str | None) -> tuple[Path, bo
         if target is not None:
             return target, True
     elif resume:
-        if not (Path(resume) / "run.json").exists():
+        if not (Path(resume) / RUN_INFO).exists():
             raise FileNotFoundError(f"--resume {resume}: not a run directory (no run.json)")
         return Path(resume), True
     run_id = cfg.trainer.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.algorithm.adv_estimator}"
@@ -222,7 +223,7 @@ def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
         cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"run_id": run_dir.name})})
     acquire_run_lock(run_dir)
     try:
-        if not reopen and (run_dir / "run.json").exists():
+        if not reopen and (run_dir / RUN_INFO).exists():
             raise PreflightError(f"run directory {run_dir} already holds a run (trainer.run_id={run_dir.name!r}); "
                                  f"continue it with --resume {run_dir}, or choose another trainer.run_id")
         if reopen:

@@ -110,7 +110,7 @@ class RunSession:
         data = load_datasets(cfg)  # PreflightError naming key, file, row, value
         self.tokenizer, self.train_set, self.val_set = data.tokenizer, data.train_set, data.val_set
         self.data_report, self.data_skip_reasons = data.report, data.skip_reasons
-        sampler = PromptSampler(len(self.train_set), cfg.data.prompts_per_step, shuffle=cfg.data.shuffle,
+        sampler = PromptSampler(len(self.train_set), cfg.data.prompts_per_iteration, shuffle=cfg.data.shuffle,
                                 seed=cfg.trainer.seed, drop_last=cfg.data.drop_last)
         self.prompts = PromptFeed(sampler, self.train_set, cfg.trainer.total_epochs, self.context)
 

@@ -21,6 +21,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hybridflow.deprecation import deprecation_message, warn_deprecated
+
 # Names of the estimators / losses that ship with hybridflow. Config validation checks
 # against these without importing torch; a name outside them is looked up in the live
 # registry (after importing `trainer.plugins`), so user-registered names work too.
@@ -45,7 +47,7 @@ class ConfigError(ValueError):
     """A config problem, already formatted for humans (one line per problem)."""
 
 
-# Deprecated key → its new name (dotted paths). The old key loads with a DeprecationWarning and a
+# Deprecated key → its new name (dotted paths). The old key loads with a FutureWarning and a
 # logged warning naming the new one; a config that sets both is a ConfigError.
 RENAMED_KEYS = {"data.prompts_per_step": "data.prompts_per_iteration"}
 _log = logging.getLogger(__name__)
@@ -62,8 +64,8 @@ def _rename_key(data: dict[str, Any], old: str, new: str) -> dict[str, Any]:
         return data
     if new_leaf in section:
         raise ValueError(f"{old} and {new} are both set; {old} is the deprecated name of {new}: keep only {new}")
-    msg = f"config key {old} is deprecated; use {new}"
-    warnings.warn(msg, DeprecationWarning, stacklevel=2)
+    msg = deprecation_message(f"config key {old}", new)
+    warnings.warn(msg, FutureWarning, stacklevel=2)
     _log.warning(msg)
     return {**data, section_name: {(new_leaf if k == old_leaf else k): v for k, v in section.items()}}
 
@@ -122,7 +124,8 @@ class DataConfig(_Section):
 
     @property
     def prompts_per_step(self) -> int:
-        """Deprecated name of :attr:`prompts_per_iteration` (read-only)."""
+        """Deprecated name of :attr:`prompts_per_iteration` (read-only; FutureWarning, removed in 0.3.0)."""
+        warn_deprecated("DataConfig.prompts_per_step", "DataConfig.prompts_per_iteration")
         return self.prompts_per_iteration
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import fsspec
 
 from hybridflow.batch import Batch, BatchRef
-from tasks.layout import EXECUTION_LOG, RESULTS
+from hybridflow.layout import CHECKPOINTS, EXECUTION_LOG, RESULTS, iteration_name
 from tasks.types import NodeResult
 
 
@@ -51,14 +51,14 @@ class RunContext:
 
     @property
     def iter_dir(self) -> str:
-        return f"{self.run_dir}/iter_{self.iteration:06d}"
+        return f"{self.run_dir}/{iteration_name(self.iteration)}"
 
     def batch_uri(self, node: str) -> str:
         return f"{self.iter_dir}/{node}"
 
     @property
     def ckpt_root(self) -> str:
-        return f"{self.run_dir}/checkpoints"
+        return f"{self.run_dir}/{CHECKPOINTS}"
 
     def node_seed(self, node: str) -> int:
         """A seed for (run seed, iteration, node): the same on a retry, different across nodes."""

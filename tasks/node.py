@@ -18,7 +18,6 @@ import functools
 import inspect
 import time
 import typing
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from hybridflow.batch import Batch
+from hybridflow.deprecation import warn_deprecated
 from hybridflow.metric_names import node_time_metric
 from tasks.common import (
     RunContext,
@@ -193,7 +193,8 @@ def node(
     cache: cache by (run id, iteration, node, input refs) with results persisted to the run's
     result storage, so a re-run iteration skips completed nodes.
     roles: the pool roles the node calls (documentation and ``hybridflow dataflow show``).
-    overrides: deprecated — wire the consumers instead (``DataFlow.rewire``); still honoured.
+    overrides: deprecated (FutureWarning; removed in 0.3.0) — wire the consumers instead
+    (``DataFlow.rewire``); still honoured.
     """
 
     def build(f: Callable) -> Node:
@@ -202,8 +203,8 @@ def node(
         if not params or params[0].name != "run":
             raise TypeError(f"node {node_name!r}: the first parameter must be 'run: RunContext'")
         if overrides:
-            warnings.warn(f"node {node_name!r}: overrides= is deprecated; wire the consumers with "
-                          "DataFlow.rewire(consumer, param=node) (docs/extending.md)", DeprecationWarning, stacklevel=3)
+            warn_deprecated(f"node {node_name!r}: @node(overrides=...)",
+                            "DataFlow.rewire(consumer, param=node) (docs/extending.md)", stacklevel=2)
         batch_params = batch_parameters(f)
         prefect_task = task(**_task_options(node_name, retries, retry_delay_s, cache))(_body(f, node_name, batch_params))
         return Node(

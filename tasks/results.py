@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.layout import RESULTS
+from hybridflow.layout import RESULTS
 
 SERIALIZER_TYPE = "hybridflow-node-result"  # tasks.serializer.NodeResultSerializer
 REFUSED_SUFFIX = ".refused"

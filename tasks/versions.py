@@ -27,8 +27,8 @@ from typing import Any
 import fsspec
 
 from hybridflow.batch import BatchRef
+from hybridflow.layout import ledger_name
 from tasks.common import RunContext
-from tasks.layout import ledger_name
 from tasks.types import UpdateResult
 from workers.outcome import UpdateOutcome
 from workers.weight_sync import VersionError, weights_version

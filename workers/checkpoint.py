@@ -46,16 +46,17 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from hybridflow.deprecation import deprecated_attributes
+from hybridflow.layout import ITERATION_PREFIX, LATEST, LEGACY_CHECKPOINT_PREFIX, iteration_name, iteration_of
 from hybridflow.models.checkpoint import WriteError, errno_of, io_error_text
 
-ITERATION_PREFIX = "iter_"  # checkpoints/iter_000007: the checkpoint taken after RL iteration 7
-LEGACY_PREFIX = "step_"  # the same folder as runs before issue 14 named it: always read
+LEGACY_PREFIX = LEGACY_CHECKPOINT_PREFIX  # the same folder as runs before issue 14 named it: always read
 CHECKPOINT_PREFIXES = (ITERATION_PREFIX, LEGACY_PREFIX)
 # The prefix new checkpoints are written with (every reader takes both).
 CHECKPOINT_PREFIX = ITERATION_PREFIX
-STEP_PREFIX = LEGACY_PREFIX  # deprecated name
-LATEST = "latest"
 TRAINER_STATE = "trainer_state.json"
+# Deprecated names served with a FutureWarning (removed in 0.3.0).
+__getattr__ = deprecated_attributes(__name__, {"STEP_PREFIX": ("workers.checkpoint.LEGACY_PREFIX", lambda: LEGACY_PREFIX)})
 
 
 class CheckpointError(RuntimeError):
@@ -67,7 +68,7 @@ def checkpoint_name(iteration: int) -> str:
     ``step_000007`` while :data:`CHECKPOINT_PREFIX` is the legacy prefix). Raises ValueError if < 0."""
     if iteration < 0:
         raise ValueError(f"checkpoint iteration must be >= 0, got {iteration}")
-    return f"{CHECKPOINT_PREFIX}{iteration:06d}"
+    return iteration_name(iteration, CHECKPOINT_PREFIX)
 
 
 step_name = checkpoint_name  # deprecated name
@@ -75,12 +76,7 @@ step_name = checkpoint_name  # deprecated name
 
 def checkpoint_iteration(folder: str | os.PathLike) -> int | None:
     """7 for a folder named ``iter_000007`` or ``step_000007`` (any parent); None for any other name."""
-    name = Path(folder).name
-    for prefix in CHECKPOINT_PREFIXES:
-        digits = name.removeprefix(prefix)
-        if digits != name and digits.isdigit():
-            return int(digits)
-    return None
+    return iteration_of(Path(folder).name, CHECKPOINT_PREFIXES)
 
 
 def list_checkpoints(ckpt_root: str | os.PathLike, *, complete: bool = True) -> list[tuple[int, Path]]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.batch import Batch, BatchError, padding_stand_in
+from hybridflow.registry import Registry
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -43,23 +44,15 @@ class DispatchProtocol:
     join: Callable[[list[Any], Any], Any]
 
 
-_PROTOCOLS: dict[str, DispatchProtocol] = {}
+PROTOCOLS: Registry[DispatchProtocol] = Registry("dispatch protocol")
 
 
 def register_dispatch(name: str, split: Callable, join: Callable) -> DispatchProtocol:
-    """Register a protocol by name. Raises ValueError if the name is taken."""
-    if name in _PROTOCOLS:
-        raise ValueError(f"dispatch protocol {name!r} is already registered")
-    proto = DispatchProtocol(name, split, join)
-    _PROTOCOLS[name] = proto
-    return proto
+    """Register a protocol by name. Raises DuplicateNameError (a ValueError) if the name is taken."""
+    return PROTOCOLS.add(name, DispatchProtocol(name, split, join), module=getattr(split, "__module__", None))
 
 
-def get_dispatch(name: str) -> DispatchProtocol:
-    try:
-        return _PROTOCOLS[name]
-    except KeyError:
-        raise KeyError(f"unknown dispatch protocol {name!r}; known: {', '.join(sorted(_PROTOCOLS))}") from None
+get_dispatch = PROTOCOLS.get  # the protocol registered as ``name``; UnknownNameError (a KeyError) lists the known ones
 
 
 def dispatch(name: str) -> Callable[[Callable], Callable]:

@@ -28,6 +28,7 @@ from ray.util.placement_group import get_placement_group, placement_group, remov
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.config import ExperimentConfig, PoolConfig
+from hybridflow.deprecation import warn_deprecated
 from workers.allocator import worker_env
 from workers.dispatch import get_dispatch, protocol_of
 from workers.handles import ROLE_CLASSES, RoleHandle, call_ranks, role_class  # noqa: F401 (re-exported)
@@ -61,7 +62,9 @@ class Pool:
         return RoleHandle(self, role)
 
     def call(self, role: str, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        """Run ``role.method`` by name (low level: tasks use :meth:`role`). Returns the joined result."""
+        """Run ``role.method`` by name. Deprecated (FutureWarning, removed in 0.3.0): call the bound
+        method of the role's handle, ``pool.role(role).method(...)``. Returns the joined result."""
+        warn_deprecated(f"Pool.call({role!r}, {method!r}, ...)", f"pool.role({role!r}).{method}(...)")
         proto = get_dispatch(protocol_of(getattr(role_class(role), method)))
         return call_ranks(self, role, method, proto, args, kwargs, timeout_s)
 

@@ -15,11 +15,12 @@ import os
 import time
 from typing import Any
 
+from hybridflow.layout import POOL_EVENTS
 from workers.placement import node_id
 
 
 def pool_events_path(run_dir: str) -> str:
-    return os.path.join(run_dir, "pool_events.jsonl")
+    return os.path.join(run_dir, POOL_EVENTS)
 
 
 def append_event(ckpt_root: str, fields: dict[str, Any]) -> None:

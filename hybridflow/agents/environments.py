@@ -27,6 +27,7 @@ from typing import Any
 
 from hybridflow.agents.formats import ToolParseError, get_tool_format
 from hybridflow.agents.loading import AgentLoadError, is_spec, load_object
+from hybridflow.registry import Registry
 
 Messages = list[dict[str, Any]]
 
@@ -41,29 +42,15 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-_ENVIRONMENTS: dict[str, Callable[..., Any]] = {}
-
-
-def register_environment(name: str) -> Callable[[type], type]:
-    """Class decorator: make an environment selectable by ``name`` (config or ``agent_name``)."""
-
-    def deco(cls: type) -> type:
-        if name in _ENVIRONMENTS:
-            raise ValueError(f"environment {name!r} is already registered")
-        _ENVIRONMENTS[name] = cls
-        return cls
-
-    return deco
-
-
-def environment_names() -> list[str]:
-    return sorted(_ENVIRONMENTS)
+ENVIRONMENTS: Registry[Callable[..., Any]] = Registry("environment")
+register_environment = ENVIRONMENTS.register  # class decorator: selectable by ``name`` (config or ``agent_name``)
+environment_names = ENVIRONMENTS.names
 
 
 def load_environment(spec: str, key: str = "rollout.environment") -> Callable[..., Any]:
     """The environment class for a registered name or a spec; AgentLoadError names ``key``."""
-    if spec in _ENVIRONMENTS:
-        return _ENVIRONMENTS[spec]
+    if spec in ENVIRONMENTS:
+        return ENVIRONMENTS.get(spec)
     if not is_spec(spec):
         raise AgentLoadError(f"{key}={spec!r}: unknown environment; registered: {', '.join(environment_names())}, "
                              "or 'pkg.mod:Class' / 'path/file.py:Class'")  # fmt: skip

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hybridflow.registry import Registry
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -38,30 +40,14 @@ class ToolFormat(Protocol):
         ...
 
 
-_FORMATS: dict[str, Callable[[], ToolFormat]] = {}
-
-
-def register_tool_format(name: str) -> Callable[[type], type]:
-    """Class decorator: make a format selectable as ``rollout.multi_turn.tool_format=name``."""
-
-    def deco(cls: type) -> type:
-        if name in _FORMATS:
-            raise ValueError(f"tool format {name!r} is already registered")
-        _FORMATS[name] = cls
-        return cls
-
-    return deco
+TOOL_FORMATS: Registry[Callable[[], ToolFormat]] = Registry("tool format")
+register_tool_format = TOOL_FORMATS.register  # class decorator: ``rollout.multi_turn.tool_format=name``
+tool_format_names = TOOL_FORMATS.names
 
 
 def get_tool_format(name: str) -> ToolFormat:
-    """An instance of the format registered as ``name``; KeyError lists the known ones."""
-    if name not in _FORMATS:
-        raise KeyError(f"unknown tool format {name!r}; known: {', '.join(sorted(_FORMATS))}")
-    return _FORMATS[name]()
-
-
-def tool_format_names() -> list[str]:
-    return sorted(_FORMATS)
+    """An instance of the format registered as ``name``; UnknownNameError (a KeyError) lists the known ones."""
+    return TOOL_FORMATS.get(name)()
 
 
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

@@ -1,8 +1,9 @@
 """Name → implementation registries for advantage estimators and policy losses.
 
-One implementation per name: registering a taken name raises; looking up an unknown
-name raises KeyError listing the known ones. Dispatch goes only through here.
-(Pattern from verl ``core_algos.py`` ``@register_adv_est``.)
+One implementation per name (:class:`hybridflow.registry.Registry`): registering a taken name
+raises DuplicateNameError (a ValueError) naming the module that registered it; looking up an
+unknown name raises UnknownNameError (a KeyError) listing the known ones. Dispatch goes only
+through here. (Pattern from verl ``core_algos.py`` ``@register_adv_est``.)
 """
 
 from __future__ import annotations
@@ -11,28 +12,13 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hybridflow.registry import Registry
+
 F = TypeVar("F", bound=Callable)
 
-_ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
-_POLICY_LOSSES: dict[str, Callable] = {}
+ADV_ESTIMATORS: Registry[Callable] = Registry("advantage estimator")
+POLICY_LOSSES: Registry[Callable] = Registry("policy loss")
 _MIN_SAMPLES_PER_PROMPT: dict[str, int] = {}  # estimators whose baseline is the prompt's group
-
-
-def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[F], F]:
-    def deco(fn: F) -> F:
-        if name in table:
-            raise ValueError(f"{kind} {name!r} is already registered (by {table[name].__module__})")
-        table[name] = fn
-        return fn
-
-    return deco
-
-
-def _get(table: dict[str, Callable], kind: str, name: str) -> Callable:
-    try:
-        return table[name]
-    except KeyError:
-        raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}") from None
 
 
 def register_advantage_estimator(name: str, *, min_samples_per_prompt: int = 1) -> Callable[[F], F]:
@@ -42,10 +28,9 @@ def register_advantage_estimator(name: str, *, min_samples_per_prompt: int = 1) 
     meaningful with (2 for group baselines: GRPO, RLOO, ...; with one sample per prompt the
     group is the sample itself and the baseline degenerates). Preflight refuses fewer.
     """
-    register = _register(_ADVANTAGE_ESTIMATORS, "advantage estimator", name)
 
     def deco(fn: F) -> F:
-        register(fn)  # raises for a taken name before anything is recorded
+        ADV_ESTIMATORS.add(name, fn)  # raises for a taken name before anything is recorded
         if min_samples_per_prompt > 1:
             _MIN_SAMPLES_PER_PROMPT[name] = min_samples_per_prompt
         return fn
@@ -58,12 +43,8 @@ def advantage_estimator_min_samples(name: str) -> int:
     return _MIN_SAMPLES_PER_PROMPT.get(name, 1)
 
 
-def get_advantage_estimator(name: str) -> Callable:
-    return _get(_ADVANTAGE_ESTIMATORS, "advantage estimator", name)
-
-
-def advantage_estimator_names() -> list[str]:
-    return sorted(_ADVANTAGE_ESTIMATORS)
+get_advantage_estimator = ADV_ESTIMATORS.get
+advantage_estimator_names = ADV_ESTIMATORS.names
 
 
 def declared_inputs(fn: Callable, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -79,14 +60,6 @@ def declared_inputs(fn: Callable, inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in inputs.items() if k in names}
 
 
-def register_policy_loss(name: str) -> Callable[[F], F]:
-    """Decorator: make ``fn`` selectable as ``actor.policy_loss=name``."""
-    return _register(_POLICY_LOSSES, "policy loss", name)
-
-
-def get_policy_loss(name: str) -> Callable:
-    return _get(_POLICY_LOSSES, "policy loss", name)
-
-
-def policy_loss_names() -> list[str]:
-    return sorted(_POLICY_LOSSES)
+register_policy_loss = POLICY_LOSSES.register  # decorator: make ``fn`` selectable as ``actor.policy_loss=name``
+get_policy_loss = POLICY_LOSSES.get
+policy_loss_names = POLICY_LOSSES.names

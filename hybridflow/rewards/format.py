@@ -1,6 +1,6 @@
 """Format reward: does the response put its final answer where the task asked?
 
-Styles (``reward.format_style``), one check per name in a small registry:
+Styles (``reward.format_style``), one check per name in a :class:`~hybridflow.registry.Registry`:
 
 - ``boxed``: a closed ``\\boxed{...}`` with non-empty content (math, arith).
 - ``answer_tags``: a non-empty ``<answer>...</answer>`` pair (TinyZero countdown).
@@ -14,21 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hybridflow.registry import Registry
 from hybridflow.rewards.extract import extract_answer_tags, extract_boxed, extract_hash_answer
 
-_STYLES: dict[str, Callable[[str], bool]] = {}
-
-
-def register_format_style(name: str) -> Callable[[Callable[[str], bool]], Callable[[str], bool]]:
-    """Register a format check ``fn(solution_str) -> bool``; a duplicate name raises ValueError."""
-
-    def deco(fn: Callable[[str], bool]) -> Callable[[str], bool]:
-        if name in _STYLES:
-            raise ValueError(f"format style {name!r} is already registered")
-        _STYLES[name] = fn
-        return fn
-
-    return deco
+FORMAT_STYLES: Registry[Callable[[str], bool]] = Registry("format style")
+register_format_style = FORMAT_STYLES.register  # a format check ``fn(solution_str) -> bool``; a duplicate name raises
 
 
 @register_format_style("boxed")
@@ -50,11 +40,7 @@ def _hash(text: str) -> bool:
 
 def format_score(solution_str: str, style: str) -> float:
     """1.0 when ``solution_str`` follows ``style``, else 0.0. Unknown style: ValueError listing known ones."""
-    try:
-        check = _STYLES[style]
-    except KeyError:
-        raise ValueError(f"unknown format style {style!r}; known: {', '.join(sorted(_STYLES))}") from None
-    return 1.0 if check(solution_str) else 0.0
+    return 1.0 if FORMAT_STYLES.get(style)(solution_str) else 0.0
 
 
 __all__ = ["format_score", "register_format_style"]

@@ -9,7 +9,7 @@ and must return a dict with ``score`` (float) plus extra fields (``acc``, ``pars
 that become metrics. :func:`default_compute_score` dispatches by ``data_source`` as verl's
 ``verl.utils.reward_score.default_compute_score`` does, then mixes in the format reward
 (:mod:`hybridflow.rewards.format`) by the weights in :class:`~hybridflow.config.RewardConfig`.
-One implementation per name: registering a name twice raises. A reward may also claim a name
+One implementation per name (:class:`hybridflow.registry.Registry`): registering a name twice raises. A reward may also claim a name
 prefix (``register_reward("aime2024", prefixes=("aime",))``, as verl routes every
 ``data_source.startswith("aime")``): an exact name wins over a prefix, a longer prefix over a shorter.
 """
@@ -20,36 +20,52 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridflow.config import RewardConfig
+from hybridflow.registry import Registry, UnknownNameError
 
 RuleReward = Callable[[str, Any, "dict[str, Any] | None", RewardConfig], dict[str, Any]]
 
-_REWARDS: dict[str, RuleReward] = {}
-_PREFIXES: dict[str, RuleReward] = {}
+
+class UnknownDataSourceError(NotImplementedError, UnknownNameError):
+    """No rule reward is registered for a data_source (verl raises NotImplementedError here; also
+    a KeyError and a ValueError, as every registry's unknown name)."""
+
+
+def _load_builtins() -> None:
+    """Import the built-in reward modules (they register themselves) on first lookup."""
+    from hybridflow.rewards import (  # noqa: F401
+        arith,
+        code,
+        countdown,
+        geo3k,
+        gsm8k,
+        math_dapo,
+        math_reward,
+        prime_math,
+        search_qa,
+    )
+
+
+REWARDS: Registry[RuleReward] = Registry("reward for data_source", builtins=_load_builtins)
+REWARD_PREFIXES: Registry[RuleReward] = Registry("reward for data_source prefix", builtins=_load_builtins)
 _DEFAULT_CFG: RewardConfig | None = None
-
-
-class UnknownDataSourceError(NotImplementedError, KeyError):
-    """No rule reward is registered for a data_source (verl raises NotImplementedError here)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0])
 
 
 def register_reward(*data_sources: str, prefixes: tuple[str, ...] = ()) -> Callable[[RuleReward], RuleReward]:
     """Decorator registering a rule reward under each of ``data_sources`` (and each name prefix).
 
-    Raises ValueError when a name or prefix is already registered or no name is given.
+    Raises DuplicateNameError (a ValueError, naming the module that registered it) when a name or
+    prefix is already registered — before any of them is recorded; ValueError when no name is given.
     """
     if not data_sources:
         raise ValueError("register_reward needs at least one data_source name")
 
     def deco(fn: RuleReward) -> RuleReward:
-        for table, names in ((_REWARDS, data_sources), (_PREFIXES, prefixes)):
+        for registry, names in ((REWARDS, data_sources), (REWARD_PREFIXES, prefixes)):
             for name in names:
-                if name in table:
-                    raise ValueError(f"a reward for data_source {name!r} is already registered ({table[name].__name__})")
-        _REWARDS.update(dict.fromkeys(data_sources, fn))
-        _PREFIXES.update(dict.fromkeys(prefixes, fn))
+                registry.check_free(name)
+        for registry, names in ((REWARDS, data_sources), (REWARD_PREFIXES, prefixes)):
+            for name in names:
+                registry.add(name, fn)
         return fn
 
     return deco
@@ -58,29 +74,20 @@ def register_reward(*data_sources: str, prefixes: tuple[str, ...] = ()) -> Calla
 def get_reward(data_source: str) -> RuleReward:
     """The rule reward for ``data_source`` (exact name, else longest registered prefix);
     UnknownDataSourceError lists the registered names."""
-    _load_builtins()
-    if data_source in _REWARDS:
-        return _REWARDS[data_source]
-    matching = [p for p in _PREFIXES if isinstance(data_source, str) and data_source.startswith(p)]
+    if data_source in REWARDS:
+        return REWARDS.get(data_source)
+    matching = [p for p in REWARD_PREFIXES.names() if isinstance(data_source, str) and data_source.startswith(p)]
     if matching:
-        return _PREFIXES[max(matching, key=len)]
-    prefixed = "".join(f", {p}*" for p in sorted(_PREFIXES))
+        return REWARD_PREFIXES.get(max(matching, key=len))
+    prefixed = "".join(f", {p}*" for p in REWARD_PREFIXES.names())
     raise UnknownDataSourceError(
-        f"no reward registered for data_source {data_source!r}; registered: {', '.join(sorted(_REWARDS))}{prefixed} "
+        f"no reward registered for data_source {data_source!r}; registered: {', '.join(REWARDS.names())}{prefixed} "
         "(register one with @hybridflow.rewards.register_reward or set reward.function)"
     )
 
 
-def reward_names() -> list[str]:
-    """All registered data_source names, sorted (prefixes are in :func:`reward_prefixes`)."""
-    _load_builtins()
-    return sorted(_REWARDS)
-
-
-def reward_prefixes() -> list[str]:
-    """All registered data_source prefixes, sorted."""
-    _load_builtins()
-    return sorted(_PREFIXES)
+reward_names = REWARDS.names  # all registered data_source names, sorted (prefixes: reward_prefixes)
+reward_prefixes = REWARD_PREFIXES.names  # all registered data_source prefixes, sorted
 
 
 def default_compute_score(
@@ -120,27 +127,6 @@ def _default_cfg() -> RewardConfig:
     if _DEFAULT_CFG is None:
         _DEFAULT_CFG = RewardConfig()
     return _DEFAULT_CFG
-
-
-_BUILTINS_LOADED = False
-
-
-def _load_builtins() -> None:
-    """Import the built-in reward modules (they register themselves) on first use."""
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        from hybridflow.rewards import (  # noqa: F401
-            arith,
-            code,
-            countdown,
-            geo3k,
-            gsm8k,
-            math_dapo,
-            math_reward,
-            prime_math,
-            search_qa,
-        )
 
 
 __all__ = [

@@ -92,13 +92,16 @@ def test_critic_batch_sizes_checked_only_with_a_critic():
 def test_prompts_per_step_is_a_deprecated_alias_of_prompts_per_iteration(tmp_path, caplog):
     old = tmp_path / "old.yaml"
     old.write_text("data:\n  prompts_per_step: 3\nrollout:\n  samples_per_prompt: 2\nactor:\n  mini_batch_trajectories: 6\n  micro_batch_trajectories: 2\n")
-    with pytest.warns(DeprecationWarning, match="data.prompts_per_step is deprecated; use data.prompts_per_iteration"):
+    with pytest.warns(FutureWarning, match="config key data.prompts_per_step is deprecated and will be removed in "
+                      r"hybridflow 0\.3\.0; use data.prompts_per_iteration"):
         cfg = load_config(old)
-    assert "use data.prompts_per_iteration" in caplog.text  # logged too: DeprecationWarnings are hidden by default
-    assert cfg.data.prompts_per_iteration == 3 and cfg.data.prompts_per_step == 3
+    assert "use data.prompts_per_iteration" in caplog.text  # logged too: in the run's log, not only on stderr
+    with pytest.warns(FutureWarning, match="DataConfig.prompts_per_step is deprecated .*use DataConfig.prompts_per_iteration"):
+        assert cfg.data.prompts_per_iteration == 3 and cfg.data.prompts_per_step == 3
     assert cfg.trajectories_per_iteration == 6 == cfg.trajectories_per_step
     assert "prompts_per_step" not in cfg.model_dump()["data"]  # what a run saves uses the new name
-    assert load_config(old, ["data.prompts_per_step=6"]).data.prompts_per_iteration == 6  # an old override too
+    with pytest.warns(FutureWarning, match="data.prompts_per_step is deprecated"):
+        assert load_config(old, ["data.prompts_per_step=6"]).data.prompts_per_iteration == 6  # an old override too
     with pytest.raises(ConfigError, match="data.prompts_per_step and data.prompts_per_iteration are both set"):
         load_config(old, ["data.prompts_per_iteration=3"])
 

@@ -21,7 +21,7 @@ def cfg(tmp_path):
     train = tmp_path / "train.jsonl"
     write_rows(make_arith(6, difficulty=0, seed=3), str(train))
     return load_config(None, [
-        "model.path=tiny", f"data.train_files=[{train}]", "data.prompts_per_step=2",
+        "model.path=tiny", f"data.train_files=[{train}]", "data.prompts_per_iteration=2",
         "rollout.samples_per_prompt=2", "actor.mini_batch_trajectories=4", "actor.micro_batch_trajectories=2",
         f"trainer.run_dir={tmp_path / 'runs'}", "trainer.run_id=r", "trainer.total_iterations=3",
     ])

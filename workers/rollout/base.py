@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from hybridflow.algorithms.sequences import response_mask_from_ids
+from hybridflow.registry import Registry
 from workers.rollout.capabilities import DEFAULT_CAPABILITIES, EngineCapabilities, engine_capabilities  # noqa: F401  (re-exported)
 
 FinishReason = Literal["stop", "length", "max_turns", "env_done", "env_error"]  # the last three: multi-turn
@@ -133,43 +134,18 @@ class RolloutEngine(Protocol):
 
 
 # ---- registry --------------------------------------------------------------------------------
-E = TypeVar("E")
-_ENGINES: dict[str, Callable[..., Any]] = {}
-
-
-def register_rollout_engine(name: str) -> Callable[[E], E]:
-    """Decorator: make a class selectable as ``rollout.engine=name``.
-
-    The class provides ``from_config(*, model, tokenizer, model_cfg, rollout_cfg, device)``.
-    Registering a taken name raises ValueError.
-    """
-
-    def deco(cls: E) -> E:
-        if name in _ENGINES:
-            raise ValueError(f"rollout engine {name!r} is already registered (by {_ENGINES[name].__module__})")
-        _ENGINES[name] = cls  # type: ignore[assignment]
-        return cls
-
-    return deco
-
-
-def get_rollout_engine(name: str) -> Callable[..., Any]:
-    """The engine class registered as ``name``; KeyError lists the known names."""
-    _import_builtins()
-    try:
-        return _ENGINES[name]
-    except KeyError:
-        raise KeyError(f"unknown rollout engine {name!r}; known: {', '.join(sorted(_ENGINES))}") from None
-
-
-def rollout_engine_names() -> list[str]:
-    _import_builtins()
-    return sorted(_ENGINES)
-
-
 def _import_builtins() -> None:
     import workers.rollout.hf  # noqa: F401  (registers "hf")
     import workers.rollout.vllm  # noqa: F401  (registers "vllm"; vllm itself is imported lazily)
+
+
+# ``rollout.engine=name``: a class providing ``from_config(*, model, tokenizer, model_cfg, rollout_cfg,
+# device)``. Registering a taken name raises DuplicateNameError (a ValueError); an unknown name
+# raises UnknownNameError (a KeyError) listing the known ones.
+ROLLOUT_ENGINES: Registry[Callable[..., Any]] = Registry("rollout engine", builtins=_import_builtins)
+register_rollout_engine = ROLLOUT_ENGINES.register
+get_rollout_engine = ROLLOUT_ENGINES.get
+rollout_engine_names = ROLLOUT_ENGINES.names
 
 
 # ---- helpers shared by engines ------------------------------------------------------------------
