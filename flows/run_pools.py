@@ -20,14 +20,17 @@ def run_pools(cfg: ExperimentConfig, namespace: str, ckpt_root: str) -> Iterator
     """Bring the run's pools up; yields {pool name: ``workers.pool.Pool``}.
 
     namespace: the run's Ray namespace (``workers.pool.namespace_for(run_id)``); ckpt_root: the
-    run's ``checkpoints/`` (a restarted worker restores from it). Raises PreflightError (the
-    reward function does not load), PoolError / PoolResourceError (a pool cannot be placed or
-    started; the pools created before it are left to Ray, as a failed start always did).
+    run's ``checkpoints/`` (a restarted worker restores from it). Raises ConfigError (the
+    tools / environment do not load), PreflightError (the reward function does not load),
+    PoolError / PoolResourceError (a pool cannot be placed or started; the pools created before
+    it are left to Ray, as a failed start always did).
     """
     from flows.preflight import check_reward_function
     from flows.runtime import ensure_ray
+    from hybridflow.agents.checks import check_user_code
     from workers.pool import create_pools
 
+    check_user_code(cfg)  # the tools / environment import (ConfigError), before Ray starts
     check_reward_function(cfg)
     ensure_ray(cfg)
     pools = create_pools(cfg, namespace=namespace, ckpt_root=ckpt_root)

@@ -773,14 +773,17 @@ class ExperimentConfig(_Section):
     # ---- multi-turn rollouts (issue 16) ----
     @model_validator(mode="after")
     def _check_agents(self) -> ExperimentConfig:
-        if self.rollout.is_multi_turn:
-            from hybridflow.agents.checks import (
-                check_rollout_agents,  # imports the user's tools / environment
+        """The multi-turn limits. Importing the tools / environment is not validation: it is
+        :func:`hybridflow.agents.checks.check_user_code`, which the CLI and the flows run before
+        anything starts (a worker or a task re-validating the config imports no user code)."""
+        mt = self.rollout.multi_turn
+        if self.rollout.is_multi_turn and mt.max_tokens_per_turn is not None \
+                and mt.max_tokens_per_turn > self.rollout.max_response_tokens:
+            raise ValueError(
+                f"rollout.multi_turn.max_tokens_per_turn={mt.max_tokens_per_turn} is larger than "
+                f"rollout.max_response_tokens={self.rollout.max_response_tokens} (the whole trajectory's budget)"
             )
-
-            check_rollout_agents(self.rollout, self.trainer.plugins)
         return self
-
 
 
 def _check_registry_name(key: str, name: str, kind: str, plugins: list[str]) -> None:
