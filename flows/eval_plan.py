@@ -152,12 +152,16 @@ def plan_evaluation(
 ) -> tuple[EvalTarget, ExperimentConfig]:
     """Check the arguments and build (target, eval config) without loading anything heavy.
     A run's checkpoint is evaluated under the run's config.yaml unless ``config_path`` is given.
-    Raises ValueError / ConfigError (bad arguments), FileNotFoundError (missing model, data, run)."""
+    Raises ValueError / ConfigError (bad arguments, tools / environment that do not load),
+    FileNotFoundError (missing model, data, run)."""
+    from hybridflow.agents.checks import check_user_code
+
     if run_dir:
         target = resolve_target(run_dir, checkpoint, model, "")
         cfg = load_config(config_path or Path(run_dir) / CONFIG, overrides)
     else:
         cfg = load_config(config_path, overrides)
         target = resolve_target(None, checkpoint, model, cfg.model.path)
+    check_user_code(cfg)  # the tools / environment a multi-turn evaluation runs
     return target, eval_config(cfg, target, data_files=data_files, samples_per_prompt=samples_per_prompt,
                                temperature=temperature, max_prompts=max_prompts)

@@ -15,11 +15,14 @@ key, the value and what is wrong:
   model's context (``max_position_embeddings``);
 - a group-baseline advantage estimator (GRPO, RLOO, ...: registered with
   ``min_samples_per_prompt=2``) with ``rollout.samples_per_prompt=1``;
+- ``rollout.tools`` / ``rollout.environment`` do not import or do not fit the multi-turn settings
+  (:func:`hybridflow.agents.checks.check_user_code`; not part of config validation);
 - ``reward.function`` does not import (loaded in a throw-away reward process, as the reward
   pool will load it, so an import that crashes cannot take the caller down).
 
 The CLI runs :func:`preflight` before it starts servers; the train flow runs the same
-checks (:func:`load_datasets`, :func:`check_run_dir`, :func:`check_reward_function`) before
+checks (:func:`load_datasets`, :func:`check_run_dir`, :func:`check_reward_function`,
+``check_user_code``) before
 it brings up the pools, so a run started from a Prefect deployment fails as early.
 """
 
@@ -259,8 +262,11 @@ def preflight_run(cfg: ExperimentConfig, resume: str | None, warn: Any = print) 
 
 def preflight(cfg: ExperimentConfig) -> dict[str, float]:
     """Every check above, cheapest first. Returns the data report (counts of skipped rows...)."""
+    from hybridflow.agents.checks import check_user_code
+
     check_run_dir(cfg)
     check_engine(cfg)
+    check_user_code(cfg)  # imports the user's tools / environment (a ConfigError, one line)
     data = load_datasets(cfg)
     check_reward_function(cfg)
     return data.report

@@ -23,14 +23,11 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from flows.preflight import PreflightError
-from hybridflow.config import ExperimentConfig
-from hybridflow.layout import RUN_INFO, RUN_LOCK
+from hybridflow.layout import RUN_LOCK
 
 LOCK_NAME = RUN_LOCK  # the name tests and callers import from here
 UNREADABLE_GRACE_S = 10.0  # an empty lock file younger than this may be mid-write
@@ -174,67 +171,6 @@ def release_run_lock(run_dir: str | Path, *, remove_empty_dir: bool = False) -> 
             pass
 
 
-def latest_run(parent: Path) -> Path | None:
-    runs = [p for p in parent.iterdir() if (p / RUN_INFO).exists()] if parent.exists() else []
-    return max(runs, key=lambda p: (p / RUN_INFO).stat().st_mtime) if runs else None
-
-
-def resolve_run_dir(cfg: ExperimentConfig, resume: str | None) -> tuple[Path, bool]:
-    """(the run directory ``open_run`` will use, whether it reopens an existing run).
-
-    ``resume`` = a run directory, or "auto" (the latest run under trainer.run_dir; none: a new
-    run); ``trainer.resume: auto`` in the config does the same. A new run without
-    ``trainer.run_id`` gets a name from the time (the CLI fixes it in the config first, so the
-    flow opens the folder the CLI locked). Raises FileNotFoundError when ``resume`` is not a run
-    directory.
-    """
-    parent = Path(cfg.trainer.run_dir)
-    if resume == "auto" or (resume is None and cfg.trainer.resume == "auto"):
-        target = latest_run(parent)
-        if target is not None:
-            return target, True
-    elif resume:
-        if not (Path(resume) / RUN_INFO).exists():
-            raise FileNotFoundError(f"--resume {resume}: not a run directory (no run.json)")
-        return Path(resume), True
-    run_id = cfg.trainer.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.algorithm.adv_estimator}"
-    return parent / run_id, False
-
-
-@contextmanager
-def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
-                  apply_overrides: bool = False) -> Iterator[tuple[ExperimentConfig, str | None]]:
-    """Lock the run directory for a command's lifetime before any server starts, and yield
-    ``(config to run, run directory to resume or None)`` (``trainer.resume: auto`` without
-    ``--resume`` resolves to the latest run here). A second start of the same ``trainer.run_id``, or a
-    ``--resume`` of a folder a live run holds, is a RunLockedError (one line, exit 2); a new run
-    whose folder already holds a run is a PreflightError. A new run without ``trainer.run_id``
-    gets its generated name fixed in the config, so the flow opens the folder locked here. On
-    resume, overrides that change the saved config are refused unless ``apply_overrides``
-    (:func:`flows.resume_config.reconcile_resume_config`). A folder created here and left empty
-    (the run was refused before it wrote anything) is removed at exit."""
-    if apply_overrides and resume is None:
-        raise PreflightError("--override applies only with --resume (a new run takes its overrides as they are)")
-    run_dir, reopen = resolve_run_dir(cfg, resume)
-    if not reopen:
-        from flows.preflight import check_run_dir
-
-        check_run_dir(cfg)  # an unwritable trainer.run_dir is named as such, not as a lock failure
-        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"run_id": run_dir.name})})
-    acquire_run_lock(run_dir)
-    try:
-        if not reopen and (run_dir / RUN_INFO).exists():
-            raise PreflightError(f"run directory {run_dir} already holds a run (trainer.run_id={run_dir.name!r}); "
-                                 f"continue it with --resume {run_dir}, or choose another trainer.run_id")
-        if reopen:
-            from flows.resume_config import reconcile_resume_config
-
-            cfg = reconcile_resume_config(cfg, run_dir, apply=apply_overrides)
-        yield cfg, (str(run_dir) if reopen else None)
-    finally:
-        release_run_lock(run_dir, remove_empty_dir=not reopen)
-
-
 def held_locks() -> list[str]:
     return sorted(_HELD)
 
@@ -246,5 +182,5 @@ def _release_all() -> None:
         release_run_lock(Path(path).parent)
 
 
-__all__ = ["LOCK_NAME", "resolve_run_dir", "owned_run_dir", "RunLockedError", "acquire_run_lock", "release_run_lock", "read_holder",
+__all__ = ["LOCK_NAME", "RunLockedError", "acquire_run_lock", "release_run_lock", "read_holder",
            "holder_is_alive", "process_start_time", "held_locks"]

@@ -33,17 +33,19 @@ def open_pools(cfg: ExperimentConfig, roles: Collection[str] | None = None, *, n
     namespace: the Ray namespace (``workers.pool.namespace_for(run_id)``); ckpt_root: the run's
     ``checkpoints/`` (a restarted worker restores from it; None: the model path is the weights);
     keep: leave the pools up at exit. Raises PreflightError (the reward function does not load),
-    PoolError / PoolResourceError (a pool cannot be placed or started; the pools created before
+    ConfigError (the tools / environment do not load), PoolError / PoolResourceError (a pool cannot be placed or started; the pools created before
     it are destroyed unless ``keep``).
     """
     from flows.preflight import check_reward_function
     from flows.runtime import ensure_ray
+    from hybridflow.agents.checks import check_user_code
     from workers.pool import create_pool, destroy_pool
 
     names = pools_for(cfg, roles)
     if not names:
         yield {}
         return
+    check_user_code(cfg)  # the tools / environment import (ConfigError), before Ray starts
     if any("reward" in cfg.placement.pools[n].roles for n in names):
         check_reward_function(cfg)
     ensure_ray(cfg)

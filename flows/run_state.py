@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from flows.feeds import PromptFeed, save_prompts
+from flows.resume import resolve_run_dir
 from flows.run_dir import RunDir
-from flows.run_lock import resolve_run_dir
 from flows.trainer_state import TrainerState
 from hybridflow.agents.render import marked_conversation
 from hybridflow.config import ExperimentConfig

@@ -33,7 +33,9 @@ def advantage(
     ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
     if kl_coef is not None:
         ctrl.value = kl_coef
-    batch, metrics = compute_advantages(batch, cfg, kl_controller=ctrl)
+    batch, metrics = compute_advantages(
+        batch, cfg.algorithm, max_response_tokens=cfg.rollout.max_response_tokens, kl_controller=ctrl
+    )
     metrics.update(compute_data_metrics(batch, max_response_tokens=cfg.rollout.max_response_tokens))
     metrics["critic/kl_coef_next"] = ctrl.value  # logged as verl's metric too
     return batch, AdvantageResult(node="advantage", metrics=metrics, kl_coef_next=ctrl.value)

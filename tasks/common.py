@@ -26,13 +26,20 @@ from hybridflow.batch import Batch, BatchRef
 from hybridflow.layout import CHECKPOINTS, EXECUTION_LOG, RESULTS, iteration_name
 from tasks.types import NodeResult
 
+_CFG_CACHE = "_cfg_cache"  # RunContext.__dict__ key of the parsed config (not a dataclass field)
+
 
 @dataclass(frozen=True)
 class RunContext:
     """Everything a node needs to find its run: identifiers, where data lives, seeds.
 
     ``run_dir`` is this run's folder (``<trainer.run_dir>/<run_id>``); ``config`` is the
-    resolved config as a JSON dict (tasks rebuild the frozen model from it)."""
+    resolved config as a JSON dict (tasks rebuild the frozen model from it: :meth:`cfg`).
+
+    :meth:`cfg` caches the validated model in the instance ``__dict__`` under :data:`_CFG_CACHE`,
+    outside the dataclass fields: equality, ``repr``, ``dataclasses.asdict`` (Prefect's parameter
+    JSON) and the node cache key (run id and iteration only, :func:`node_cache_key`) never see it,
+    and pickling (to Ray tasks, Prefect results) drops it (:meth:`__getstate__`)."""
 
     run_id: str
     run_dir: str
@@ -42,12 +49,26 @@ class RunContext:
     config: dict
 
     def with_iteration(self, iteration: int) -> RunContext:
-        return RunContext(self.run_id, self.run_dir, iteration, self.namespace, self.seed, self.config)
+        """The same run at ``iteration`` (the parsed config, when cached, is shared: same dict)."""
+        other = RunContext(self.run_id, self.run_dir, iteration, self.namespace, self.seed, self.config)
+        if _CFG_CACHE in self.__dict__:
+            object.__setattr__(other, _CFG_CACHE, self.__dict__[_CFG_CACHE])
+        return other
 
     def cfg(self):
-        from hybridflow.config import config_from_dict
+        """The frozen ``ExperimentConfig`` of :attr:`config`, validated on the first call and kept
+        (the dict must not be mutated afterwards). Raises ConfigError as ``config_from_dict``."""
+        cached = self.__dict__.get(_CFG_CACHE)
+        if cached is None:
+            from hybridflow.config import config_from_dict
 
-        return config_from_dict(self.config)
+            cached = config_from_dict(self.config)
+            object.__setattr__(self, _CFG_CACHE, cached)  # frozen dataclass: not a field, not compared
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the fields only: the cached config is rebuilt on the other side when asked for."""
+        return {k: v for k, v in self.__dict__.items() if k != _CFG_CACHE}
 
     @property
     def iter_dir(self) -> str:

@@ -7,7 +7,7 @@ A checkpoint is one folder per saved RL iteration under the run's checkpoint roo
         policy_optim/rank_0.safetensors + rank_0.json   optimizer state + worker state, per rank
         critic/, critic_optim/       when a critic is trained
         trainer_state.json           caller's dict: weights_version per role, RNG, sampler, iteration
-        manifest.json                every file's size and sha256, written last (checkpoint_integrity)
+        manifest.json                every file's size and sha256, written last (checkpoint_files)
     <ckpt_root>/latest               text file holding "iter_000007"
 
 Runs from before issue 14 named the folders ``step_000007`` (the number was always the
@@ -49,6 +49,7 @@ from safetensors.torch import load_file, save_file
 from hybridflow.deprecation import deprecated_attributes
 from hybridflow.layout import ITERATION_PREFIX, LATEST, LEGACY_CHECKPOINT_PREFIX, iteration_name, iteration_of
 from hybridflow.models.checkpoint import WriteError, errno_of, io_error_text
+from workers.checkpoint_files import replace_atomic, write_durable, write_manifest
 
 LEGACY_PREFIX = LEGACY_CHECKPOINT_PREFIX  # the same folder as runs before issue 14 named it: always read
 CHECKPOINT_PREFIXES = (ITERATION_PREFIX, LEGACY_PREFIX)
@@ -97,13 +98,6 @@ def list_checkpoints(ckpt_root: str | os.PathLike, *, complete: bool = True) -> 
         if it not in found or p.name.startswith(CHECKPOINT_PREFIX):
             found[it] = p
     return sorted(found.items())
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def staging_dir(ckpt_root: str | os.PathLike, iteration: int) -> str:
@@ -161,10 +155,8 @@ def commit_save(ckpt_root: str | os.PathLike, iteration: int, trainer_state: dic
     if not tmp.is_dir():
         raise CheckpointError(f"commit_save: {tmp} does not exist (call begin_save first)")
     try:
-        from workers.checkpoint_integrity import write_manifest
-
         payload = json.dumps(trainer_state, indent=1, sort_keys=True).encode()
-        _fsync_write(tmp / TRAINER_STATE, payload)
+        write_durable(tmp / TRAINER_STATE, payload)
         write_manifest(tmp)  # last: a checkpoint whose files changed after this no longer verifies
         if final.exists():
             old = root / f"{name}.old"
@@ -174,9 +166,7 @@ def commit_save(ckpt_root: str | os.PathLike, iteration: int, trainer_state: dic
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        latest_tmp = root / f"{LATEST}.tmp"
-        _fsync_write(latest_tmp, name.encode())
-        os.replace(latest_tmp, root / LATEST)
+        replace_atomic(root / LATEST, name.encode())
         for prefix in CHECKPOINT_PREFIXES:  # the same iteration under its other name
             if prefix != CHECKPOINT_PREFIX:
                 shutil.rmtree(root / f"{prefix}{iteration:06d}", ignore_errors=True)
@@ -268,7 +258,7 @@ def save_state(obj: Any, prefix: str | os.PathLike) -> None:
     try:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, f"{prefix}.safetensors")
-        _fsync_write(Path(f"{prefix}.json"), json.dumps(structure).encode())
+        write_durable(Path(f"{prefix}.json"), json.dumps(structure).encode())
     except (OSError, SafetensorError) as e:  # disk full, I/O error: safetensors' writer raises its own type
         raise WriteError(errno_of(e) or errno.EIO, f"cannot write {prefix}.safetensors: {io_error_text(e)}") from e
 

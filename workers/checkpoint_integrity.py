@@ -1,7 +1,8 @@
 """Checkpoint manifests: what a checkpoint folder held when it was committed, and checking it still does.
 
-``commit_save`` writes ``manifest.json`` into the staging folder last, after every worker's
-files and ``trainer_state.json``, just before the folder is renamed into place::
+``commit_save`` writes ``manifest.json`` (:func:`workers.checkpoint_files.write_manifest`) into the
+staging folder last, after every worker's files and ``trainer_state.json``, just before the folder
+is renamed into place::
 
     {"format": 1, "files": {"policy/model.safetensors": {"bytes": 123, "sha256": "..."}, ...}}
 
@@ -17,48 +18,19 @@ manifests existed) cannot be verified and counts as damaged.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.checkpoint import (
-    LATEST,
-    CheckpointError,
-    _fsync_write,
-    checkpoint_iteration,
-    list_checkpoints,
-    load_latest,
-)
+from workers.checkpoint import LATEST, CheckpointError, checkpoint_iteration, list_checkpoints, load_latest
+from workers.checkpoint_files import MANIFEST, file_sha256, manifest_files, replace_atomic, write_manifest
 
-MANIFEST = "manifest.json"
 DAMAGED_SUFFIX = ".damaged"
 
 
 class CheckpointDamagedError(CheckpointError):
     """A step folder does not match its manifest (names the folder, the file and how)."""
-
-
-def _sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _files(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-
-
-def write_manifest(folder: str | os.PathLike) -> dict:
-    """Hash every file under ``folder`` and write ``folder/manifest.json`` (fsynced). Returns it."""
-    folder = Path(folder)
-    manifest = {"format": 1, "files": {rel: {"bytes": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)}
-                                       for rel in _files(folder)}}
-    _fsync_write(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return manifest
 
 
 def verify_checkpoint(step_dir: str | os.PathLike, *, hashes: bool = True) -> None:
@@ -72,7 +44,7 @@ def verify_checkpoint(step_dir: str | os.PathLike, *, hashes: bool = True) -> No
                                      "checkpoints carried manifests): it cannot be verified") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointDamagedError(f"checkpoint {folder}: {MANIFEST} is unreadable ({e})") from None
-    present = set(_files(folder))
+    present = set(manifest_files(folder))
     for rel in sorted(present - set(listed)):
         raise CheckpointDamagedError(f"checkpoint {folder} is damaged: {rel} is not in its manifest")
     for rel, want in sorted(listed.items()):
@@ -85,7 +57,7 @@ def verify_checkpoint(step_dir: str | os.PathLike, *, hashes: bool = True) -> No
                 f"checkpoint {folder} is damaged: {rel} is {size} bytes, its manifest says {want['bytes']}")
     if hashes:
         for rel, want in sorted(listed.items()):
-            if _sha256(folder / rel) != want["sha256"]:
+            if file_sha256(folder / rel) != want["sha256"]:
                 raise CheckpointDamagedError(f"checkpoint {folder} is damaged: {rel} does not match its "
                                              "sha256 in the manifest")
 
@@ -134,9 +106,7 @@ def choose_resume_checkpoint(ckpt_root: str | os.PathLike, *, fallback: bool,
             newer.append(step)
             continue
         kept = [_set_aside(p) for p in newer]
-        tmp = root / f"{LATEST}.tmp"
-        _fsync_write(tmp, step.name.encode())
-        os.replace(tmp, root / LATEST)
+        replace_atomic(root / LATEST, step.name.encode())
         warn(f"warning: {damage}; resuming from the newest intact checkpoint {step.name} "
              f"(the damaged one is kept as {kept[0].name})")
         return str(step)

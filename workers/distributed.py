@@ -213,6 +213,18 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The causal LM inside DDP (``.module``) and PEFT (``.get_base_model()``) wrappers."""
+    for _ in range(4):
+        if isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        elif hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        else:
+            break
+    return model
+
+
 def is_fsdp(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 

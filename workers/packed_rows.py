@@ -23,6 +23,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from workers.distributed import unwrapped
+
 PackRows = Literal["auto", "on", "off"]
 
 # causal LMs whose forward builds its attention mask with transformers' masking_utils (so packed
@@ -38,8 +40,6 @@ def pack_rows_of(model: nn.Module) -> tuple[bool, str]:
     ``config._attn_implementation`` is one of ``PACKABLE_ATTENTION``. One forward either way, so
     DDP and FSDP2 (which expect one forward per backward) are fine.
     """
-    from workers.shared_prefix import unwrapped
-
     config = getattr(unwrapped(model), "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in PACKABLE_MODEL_TYPES:

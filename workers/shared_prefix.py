@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from hybridflow.algorithms.sequences import position_ids_from_mask
 from hybridflow.batch import Batch
+from workers.distributed import unwrapped  # re-exported: rollout engines import it from here
 
 
 def forward_kwargs(model: nn.Module) -> tuple[str | None, dict[str, int]]:
@@ -33,18 +34,6 @@ def forward_kwargs(model: nn.Module) -> tuple[str | None, dict[str, int]]:
     when its forward takes neither —,
     ``{"logits_to_keep": 1}`` when its forward can skip the LM head on all but the last position)."""
     return _forward_kwargs_of(type(unwrapped(model)))
-
-
-def unwrapped(model: nn.Module) -> nn.Module:
-    """The causal LM inside DDP (``.module``) and PEFT (``.get_base_model()``) wrappers."""
-    for _ in range(4):
-        if isinstance(getattr(model, "module", None), nn.Module):
-            model = model.module
-        elif hasattr(model, "get_base_model"):
-            model = model.get_base_model()
-        else:
-            break
-    return model
 
 
 @functools.cache

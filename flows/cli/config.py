@@ -1,4 +1,7 @@
-"""``hybridflow config show -c FILE [key=value ...]``: print the fully resolved config."""
+"""``hybridflow config show -c FILE [key=value ...]``: print the fully resolved config.
+
+The config is validated and its user code (multi-turn tools / environment) imported and checked
+(:func:`hybridflow.agents.checks.check_user_code`): a problem is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hybridflow.agents.checks import check_user_code
     from hybridflow.config import dump_config, load_config
 
     cfg = load_config(args.config, args.overrides)
+    check_user_code(cfg)
     print(dump_config(cfg), end="")
     return 0

@@ -1,7 +1,7 @@
 """``hybridflow train -c CONFIG [key=value ...] [--resume RUN_DIR]``.
 
-Validates the config first (fast, before anything heavy: :func:`flows.resume_config.resume_target`),
-takes the run folder's lock (:func:`flows.run_lock.owned_run_dir`: one run per folder), checks
+Validates the config first (fast, before anything heavy: :func:`flows.resume.resume_target`),
+takes the run folder's lock (:func:`flows.resume.owned_run_dir`: one run per folder), checks
 what a resume loads from the folder and the inputs (:func:`flows.preflight.preflight_run`), then,
 inside :func:`flows.services.services` (the reaper, a local Prefect server on 127.0.0.1 unless
 PREFECT_API_URL is set, Ray), checks the pools fit the cluster, runs the train flow, prints the
@@ -79,8 +79,7 @@ def _preflight(cfg, resume: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flows.console import storage_error_line
-    from flows.resume_config import resume_target
-    from flows.run_lock import owned_run_dir
+    from flows.resume import owned_run_dir, resume_target
     from flows.services import stop_on_sigterm
 
     stop_on_sigterm()  # from here on, SIGTERM unwinds: the run folder's lock is released too

@@ -1,7 +1,10 @@
-"""Config-time checks of ``rollout.tools`` / ``rollout.environment`` / ``rollout.multi_turn``.
+"""Checks of the user code a config names: ``rollout.tools`` / ``rollout.environment``.
 
-Called by :class:`hybridflow.config.ExperimentConfig` validation, before any model loads; every
-problem is one ValueError line naming the key (the config loader turns it into a ConfigError).
+Not part of :class:`hybridflow.config.ExperimentConfig` validation (which imports no user code,
+so a worker or task re-validating the config never re-imports it): :func:`check_user_code` runs
+where a config enters: ``hybridflow config show``, ``hybridflow train``'s preflight, ``hybridflow
+eval``'s plan, and :func:`flows.run_pools.run_pools` (train / evaluate / node-run flows) before
+Ray starts. Every problem is one line naming the key.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any
 
 from hybridflow.agents.environments import load_environment
 from hybridflow.agents.loading import AgentLoadError
+from hybridflow.config import ConfigError, ExperimentConfig
 
 TOOLS_ENVIRONMENT = "tools"
 
@@ -21,13 +25,9 @@ def environment_spec(rollout_cfg: Any) -> str:
 
 
 def check_rollout_agents(rollout_cfg: Any, plugins: list[str] | tuple[str, ...] = ()) -> None:
-    """Raise ValueError (one line, naming the key) for a multi-turn config that cannot run."""
-    mt = rollout_cfg.multi_turn
-    if mt.max_tokens_per_turn is not None and mt.max_tokens_per_turn > rollout_cfg.max_response_tokens:
-        raise ValueError(
-            f"rollout.multi_turn.max_tokens_per_turn={mt.max_tokens_per_turn} is larger than "
-            f"rollout.max_response_tokens={rollout_cfg.max_response_tokens} (the whole trajectory's budget)"
-        )
+    """Raise ValueError (one line, naming the key) for a multi-turn config that cannot run:
+    imports ``plugins``, then the environment and tools ``rollout_cfg`` names."""
+    mt = rollout_cfg.multi_turn  # its limits are config validation's (ExperimentConfig._check_agents)
     for mod in plugins:
         importlib.import_module(mod)
     spec = environment_spec(rollout_cfg)
@@ -49,3 +49,21 @@ def check_rollout_agents(rollout_cfg: Any, plugins: list[str] | tuple[str, ...] 
             )
     except AgentLoadError as e:
         raise ValueError(str(e)) from None
+
+
+def check_user_code(cfg: ExperimentConfig) -> None:
+    """Import and check the tools / environment of a multi-turn config (``trainer.plugins`` first).
+
+    Nothing to do for a single-turn config. Raises ConfigError, one line ``config error: ...``
+    naming the key (the line config validation gave before the check left it); an ImportError of
+    a plugin module is reported the same way.
+    """
+    if not cfg.rollout.is_multi_turn:
+        return
+    try:
+        check_rollout_agents(cfg.rollout, cfg.trainer.plugins)
+    except (ValueError, ImportError) as err:
+        raise ConfigError(f"config error: {err}") from None
+
+
+__all__ = ["TOOLS_ENVIRONMENT", "environment_spec", "check_rollout_agents", "check_user_code"]

@@ -7,7 +7,7 @@ assembled from the reward, reference and values nodes; DAPO dynamic sampling cal
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -17,7 +17,9 @@ from hybridflow.algorithms.kl import KLController, kl_penalty, make_kl_controlle
 from hybridflow.algorithms.registry import declared_inputs, get_advantage_estimator
 from hybridflow.algorithms.sequences import overlong_penalty
 from hybridflow.batch import Batch, BatchError
-from hybridflow.config import ExperimentConfig
+
+if TYPE_CHECKING:  # annotations only: the maths takes config sections, it never imports the config
+    from hybridflow.config import AlgorithmConfig, OverlongBufferConfig
 
 
 def _require(batch: Batch, keys: tuple[str, ...], why: str) -> None:
@@ -32,9 +34,12 @@ def _last_token_index(mask: Tensor) -> Tensor:
     return torch.where(mask, positions, 0).amax(-1)
 
 
-def apply_overlong_penalty(rewards: Tensor, batch: Batch, cfg: ExperimentConfig) -> tuple[Tensor, dict[str, float]]:
+def apply_overlong_penalty(
+    rewards: Tensor, batch: Batch, buffer: OverlongBufferConfig, max_response_tokens: int
+) -> tuple[Tensor, dict[str, float]]:
     """Add the DAPO overlong penalty to each response's last valid token.
 
+    buffer: ``algorithm.overlong_buffer``; max_response_tokens: ``rollout.max_response_tokens``.
     Lengths come from the non-tensor ``response_length`` when present, else from the mask.
     """
     mask = _as_bool(batch["response_mask"])
@@ -42,10 +47,10 @@ def apply_overlong_penalty(rewards: Tensor, batch: Batch, cfg: ExperimentConfig)
         lengths = torch.tensor(batch["response_length"], dtype=torch.float32, device=mask.device)
     else:
         lengths = torch.count_nonzero(mask, -1).to(torch.float32)
-    buf = cfg.algorithm.overlong_buffer
+    buf = buffer
     penalty = overlong_penalty(
         lengths,
-        max_response_tokens=cfg.rollout.max_response_tokens,
+        max_response_tokens=max_response_tokens,
         buffer_tokens=buf.buffer_tokens,
         penalty_factor=buf.penalty_factor,
     ).to(rewards.device)
@@ -106,9 +111,12 @@ def _group_metrics(rewards: Tensor, batch: Batch) -> dict[str, float]:
 
 
 def compute_advantages(
-    batch: Batch, cfg: ExperimentConfig, kl_controller: KLController | None = None
+    batch: Batch, algorithm: AlgorithmConfig, *, max_response_tokens: int, kl_controller: KLController | None = None
 ) -> tuple[Batch, dict[str, float]]:
     """Scores → token_level_rewards → (advantages, returns), dispatched through the registry.
+
+    algorithm: the config's ``algorithm`` section; max_response_tokens: ``rollout.max_response_tokens``
+    (the overlong shaping's limit).
 
     batch: ``token_level_scores`` [B, R] float32 (the score on the last response token),
     ``response_mask``, non-tensor ``uid``; ``old_log_probs`` + ``ref_log_probs`` when
@@ -126,20 +134,20 @@ def compute_advantages(
     ``algorithm/num_groups``, ``critic/kl``, ``critic/kl_coef`` (KL in reward),
     ``algorithm/overlong_*`` (overlong shaping).
     """
-    algo = cfg.algorithm
+    algo = algorithm
     _require(batch, ("token_level_scores", "response_mask"), "compute_advantages")
     out = batch.shallow_copy()
     mask = _as_bool(out["response_mask"])
     rewards = out["token_level_scores"].to(torch.float32)
     metrics: dict[str, float] = {}
     if algo.overlong_buffer.enable:
-        rewards, m = apply_overlong_penalty(rewards, out, cfg)
+        rewards, m = apply_overlong_penalty(rewards, out, algo.overlong_buffer, max_response_tokens)
         metrics.update(m)
     metrics.update(_group_metrics(rewards, out))
     if algo.use_kl_in_reward:
         if kl_controller is None:
             if algo.kl_ctrl.type != "fixed":
-                raise ValueError("adaptive KL control needs the run's kl_controller (make_kl_controller(cfg...))")
+                raise ValueError("adaptive KL control needs the run's kl_controller (make_kl_controller(algorithm.kl_ctrl))")
             kl_controller = make_kl_controller(algo.kl_ctrl)
         rewards, m = apply_kl_in_reward(rewards, out, algo.kl_estimator, kl_controller)
         metrics.update(m)

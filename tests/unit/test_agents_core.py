@@ -3,6 +3,7 @@
 import pytest
 
 from hybridflow.agents import AgentLoadError, StepResult, ToolCall, ToolParseError, get_tool_format, load_tool
+from hybridflow.agents.checks import check_user_code
 from hybridflow.agents.environments import ToolEnvironment, load_environment, normalise_step
 from hybridflow.agents.render import truncate_middle
 from hybridflow.config import ConfigError, config_from_dict
@@ -113,16 +114,32 @@ def _cfg(**rollout):
     ({"tools": ["calculator"], "multi_turn": {"tool_format": "python"}}, "add 'python' to rollout.tools"),
 ])
 def test_config_errors_are_one_line_naming_the_key(rollout, needle):
-    with pytest.raises(ConfigError) as e:
-        config_from_dict(_cfg(**rollout))
+    with pytest.raises(ConfigError) as e:  # validation, then the user-code check (imports tools / environment)
+        check_user_code(config_from_dict(_cfg(**rollout)))
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_valid_multi_turn_configs():
     cfg = config_from_dict(_cfg(tools=["calculator", "python"], multi_turn={"tool_format": "python"}))
+    check_user_code(cfg)
     assert cfg.rollout.is_multi_turn and cfg.rollout.multi_turn.max_turns == 4
     assert config_from_dict(_cfg(environment="tests.unit.agent_fixtures:GuessEnv")).rollout.is_multi_turn
     assert not config_from_dict({}).rollout.is_multi_turn
+
+
+def test_validation_imports_no_user_code(tmp_path):
+    """A config naming a tool file loads without importing it (a worker or a task re-validating the
+    config never runs user code); the user-code check imports it and fails in one line."""
+    marker = tmp_path / "imported"
+    tool = tmp_path / "slow_tool.py"
+    tool.write_text(f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('boom')\n")
+    cfg = config_from_dict(_cfg(tools=[f"{tool}:f"]))
+    assert cfg.rollout.is_multi_turn and not marker.exists()
+    with pytest.raises(ConfigError, match=r"^config error: rollout.tools\[0\]='.*slow_tool.py:f': importing .* "
+                                          "failed: RuntimeError") as e:
+        check_user_code(cfg)
+    assert marker.exists() and "\n" not in str(e.value)
+    check_user_code(config_from_dict({}))  # single-turn: nothing to import
 
 
 def test_marked_conversation_for_sample_tables():

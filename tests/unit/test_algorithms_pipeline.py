@@ -17,6 +17,11 @@ def cfg_with(**sections) -> ExperimentConfig:
     return ExperimentConfig.model_validate(sections)
 
 
+def run_pipeline(batch: Batch, cfg: ExperimentConfig, **kwargs):
+    """compute_advantages given the config sections the advantage node passes it."""
+    return compute_advantages(batch, cfg.algorithm, max_response_tokens=cfg.rollout.max_response_tokens, **kwargs)
+
+
 def scored_batch(scores: list[float], lengths: list[int], uid: list, width: int = 4, **extra) -> Batch:
     """Score on the last valid token of each response, as the reward worker places it."""
     mask = torch.arange(width) < torch.tensor(lengths).unsqueeze(-1)
@@ -30,7 +35,7 @@ def scored_batch(scores: list[float], lengths: list[int], uid: list, width: int 
 
 def test_grpo_through_the_pipeline():
     batch = scored_batch([1, 0, 0, 0, 1, 1, 1, 1], [4, 2, 3, 1, 4, 4, 2, 3], ["a"] * 4 + ["b"] * 4)
-    out, metrics = compute_advantages(batch, ExperimentConfig())
+    out, metrics = run_pipeline(batch, ExperimentConfig())
     # group a: [1,0,0,0] → [1.5, −0.5, −0.5, −0.5]; group b all equal → 0
     torch.testing.assert_close(out["advantages"][:, 0], torch.tensor([1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0]))
     assert not out["advantages"][~out["response_mask"]].any()
@@ -51,7 +56,7 @@ def test_kl_in_reward_fixed_coefficient():
         ref_log_probs=torch.full((2, 2), math.log(0.5)),
     )
     cfg = cfg_with(algorithm={"use_kl_in_reward": True, "kl_ctrl": {"kl_coef": 0.1}})
-    out, metrics = compute_advantages(batch, cfg)
+    out, metrics = run_pipeline(batch, cfg)
     want = torch.tensor([[0.0916291, 1.0916291], [0.0916291, 0.0]])
     torch.testing.assert_close(out["token_level_rewards"], want)
     assert metrics["critic/kl"] == pytest.approx(-0.916291, rel=1e-5)
@@ -77,9 +82,9 @@ def test_kl_in_reward_adaptive_controller_is_updated_and_required():
         }
     )
     with pytest.raises(ValueError, match="kl_controller"):
-        compute_advantages(batch, cfg)
+        run_pipeline(batch, cfg)
     ctl = A.make_kl_controller(cfg.algorithm.kl_ctrl)
-    _, metrics = compute_advantages(batch, cfg, kl_controller=ctl)
+    _, metrics = run_pipeline(batch, cfg, kl_controller=ctl)
     # KL = ln 2.5 = 0.916291 > target 0.5 → e = clip(0.83, ±0.2) = 0.2 → β = 0.1·(1 + 0.2·2/20) = 0.102
     assert metrics["critic/kl_coef"] == 0.1
     assert ctl.value == pytest.approx(0.102)
@@ -88,7 +93,7 @@ def test_kl_in_reward_adaptive_controller_is_updated_and_required():
 def test_kl_in_reward_needs_log_probs():
     batch = scored_batch([1.0, 0.0], [2, 2], ["a", "a"], width=2)
     with pytest.raises(BatchError, match="old_log_probs"):
-        compute_advantages(batch, cfg_with(algorithm={"use_kl_in_reward": True}))
+        run_pipeline(batch, cfg_with(algorithm={"use_kl_in_reward": True}))
 
 
 def test_overlong_penalty_lands_on_the_last_token():
@@ -98,7 +103,7 @@ def test_overlong_penalty_lands_on_the_last_token():
         rollout={"max_response_tokens": 4},
         algorithm={"overlong_buffer": {"enable": True, "buffer_tokens": 2, "penalty_factor": 1.0}},
     )
-    out, metrics = compute_advantages(batch, cfg)
+    out, metrics = run_pipeline(batch, cfg)
     want = torch.tensor([[0, 0, 0, 0.0], [0, 0, 0.5, 0], [0, 1.0, 0, 0]])
     torch.testing.assert_close(out["token_level_rewards"], want)
     assert torch.equal(out["token_level_scores"], batch["token_level_scores"])  # raw scores kept
@@ -106,7 +111,7 @@ def test_overlong_penalty_lands_on_the_last_token():
     assert metrics["algorithm/zero_variance_groups"] == 0.0  # the penalty made the scores differ
     # lengths from the non-tensor field take precedence over the mask
     batch.set("response_length", [2, 2, 2])
-    out2, _ = compute_advantages(batch, cfg)
+    out2, _ = run_pipeline(batch, cfg)
     torch.testing.assert_close(out2["token_level_rewards"], batch["token_level_scores"])
 
 
@@ -122,7 +127,7 @@ def test_dispatch_goes_through_the_registry_with_config_values():
     values = torch.ones(2, 4)
     batch = scored_batch([1.0, 0.0], [4, 4], ["u", "v"], values=values, reward_baselines=torch.tensor([0.5, 0.5]))
     cfg = cfg_with(algorithm={"adv_estimator": "test_pipeline_probe", "gamma": 0.9, "lam": 0.8, "norm_adv_by_std_in_grpo": False})
-    compute_advantages(batch, cfg)
+    run_pipeline(batch, cfg)
     assert seen["uid"] == ["u", "v"] and torch.equal(seen["values"], values)
     assert (seen["gamma"], seen["lam"], seen["norm_by_std"]) == (0.9, 0.8, False)
     assert torch.equal(seen["reward_baselines"], torch.tensor([0.5, 0.5]))
@@ -131,11 +136,11 @@ def test_dispatch_goes_through_the_registry_with_config_values():
 def test_gae_and_remax_through_the_pipeline():
     batch = scored_batch([1.0, 0.0], [2, 1], ["a", "b"], width=2, values=torch.tensor([[0.5, 0.25], [0.1, 9.0]]))
     cfg = cfg_with(algorithm={"adv_estimator": "gae", "gamma": 1.0, "lam": 1.0})
-    out, _ = compute_advantages(batch, cfg)
+    out, _ = run_pipeline(batch, cfg)
     # γ = λ = 1: returns = reward-to-go = [[1, 1], [0, ·]]
     torch.testing.assert_close(out["returns"], torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
     batch.set("reward_baselines", torch.tensor([0.25, 0.25]))
-    out, _ = compute_advantages(batch, cfg_with(algorithm={"adv_estimator": "remax"}))
+    out, _ = run_pipeline(batch, cfg_with(algorithm={"adv_estimator": "remax"}))
     torch.testing.assert_close(out["advantages"], torch.tensor([[0.75, 0.75], [-0.25, 0.0]]))
 
 
@@ -159,7 +164,7 @@ def test_an_estimator_gets_only_the_inputs_it_declares():
         return z, z.clone()
 
     batch = scored_batch([1.0, 0.0], [4, 4], ["u", "v"], values=torch.ones(2, 4))
-    compute_advantages(batch, cfg_with(algorithm={"adv_estimator": "test_pipeline_declares_gamma", "gamma": 0.7}))
+    run_pipeline(batch, cfg_with(algorithm={"adv_estimator": "test_pipeline_declares_gamma", "gamma": 0.7}))
     assert seen == {"gamma": 0.7}
     from hybridflow.algorithms.registry import declared_inputs
 

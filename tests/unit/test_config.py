@@ -81,6 +81,18 @@ def test_cli_config_show_and_errors():
     assert len(lines) == 1 and "algorithm.adv_estimator" in lines[0] and "grpo" in lines[0]
 
 
+def test_cli_config_show_reports_tools_that_do_not_load(capsys):
+    from flows.cli import main
+
+    assert main(["config", "show", "rollout.tools=[nope]"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error: rollout.tools[0]='nope': unknown tool"), captured.err
+    assert captured.out == ""  # nothing printed for a config that cannot run
+    assert main(["config", "show", "rollout.environment=no-such-env"]) == 2
+    assert "rollout.environment='no-such-env': unknown environment" in capsys.readouterr().err
+
+
 def test_critic_batch_sizes_checked_only_with_a_critic():
     ov = ["data.prompts_per_iteration=2", "rollout.samples_per_prompt=2", "actor.mini_batch_trajectories=4",
           "actor.micro_batch_trajectories=2"]

@@ -141,6 +141,32 @@ def test_cache_key_is_the_inputs_refs(tmp_path):
     assert node_cache_key(ctx, {"run": _run(tmp_path), "gen": a, "score": b, "kl_coef": 0.2}) != key
 
 
+
+def test_run_context_cfg_is_parsed_once_and_changes_no_key_pickle_or_equality(tmp_path, monkeypatch):
+    import dataclasses
+    import pickle
+
+    import cloudpickle
+
+    import hybridflow.config as C
+
+    calls = []
+    parse = C.config_from_dict
+    monkeypatch.setattr(C, "config_from_dict", lambda d: calls.append(1) or parse(d))
+    ctx = types.SimpleNamespace(task=types.SimpleNamespace(name="adv"))
+    run = RunContext("r1", str(tmp_path), 3, "ns", 0, {"actor": {"lr": 2e-6}})
+    key, pickled, cloud, fields = (node_cache_key(ctx, {"run": run}), pickle.dumps(run), cloudpickle.dumps(run),
+                                   dataclasses.asdict(run))
+    cfg = run.cfg()
+    assert run.cfg() is cfg and cfg.actor.lr == 2e-6 and len(calls) == 1  # parsed once
+    assert run.with_iteration(4).cfg() is cfg and len(calls) == 1  # the next iteration shares it
+    # the cache is invisible: the same cache key, pickled bytes (Ray tasks, Prefect hashing), fields, equality
+    assert node_cache_key(ctx, {"run": run}) == key
+    assert pickle.dumps(run) == pickled and cloudpickle.dumps(run) == cloud
+    assert dataclasses.asdict(run) == fields and run == RunContext("r1", str(tmp_path), 3, "ns", 0, {"actor": {"lr": 2e-6}})
+    again = pickle.loads(pickle.dumps(run))
+    assert again == run and again.cfg() == cfg and len(calls) == 2  # rebuilt on the other side
+
 # ---- node outputs and result types ------------------------------------------------------------
 
 

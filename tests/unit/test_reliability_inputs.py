@@ -64,6 +64,13 @@ def test_missing_dataset_file(tmp_path, capsys, no_servers):
     assert "data.train_files" in err and str(missing) in err and "does not exist" in err
 
 
+def test_tools_that_do_not_import(tmp_path, capsys, no_servers, good_data):
+    """The user-code check left config validation but still fails before any server: rc 2, one line."""
+    code, err = run_cli(args_for(tmp_path, good_data, **{"rollout.tools": "[nope]"}), capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "rollout.tools[0]='nope': unknown tool" in err
+
+
 def test_dataset_that_is_not_parquet_or_jsonl(tmp_path, capsys, no_servers):
     csv = tmp_path / "train.csv"
     csv.write_text("prompt,answer\n1+1,2\n")

@@ -85,7 +85,7 @@ def test_cli_resume_without_config_continues_the_saved_run(cfg, tmp_path):
     trainer.total_iterations=10 would change the run’s length — and
     overrides may still extend it; a folder that is not a run is a clear error."""
     from flows.preflight import PreflightError
-    from flows.resume_config import resume_target
+    from flows.resume import resume_target
 
     short = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"total_iterations": 4, "run_id": "r"})})
     state = open_run(short, resume=None)

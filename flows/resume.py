@@ -1,4 +1,9 @@
-"""What a resumed run runs with: its saved ``config.yaml``, changed only on request.
+"""Which folder and config a run (new or resumed) runs with.
+
+The folder: :func:`resolve_run_dir` (a new run's name, ``--resume DIR`` or ``auto``) and
+:func:`owned_run_dir` (the folder locked for a command's lifetime, :mod:`flows.run_lock`).
+
+The config: a resumed run runs with its saved ``config.yaml``, changed only on request.
 
 ``hybridflow train --resume RUN key=value`` used to drop the overrides without a word. Now an
 override (or a ``-c`` file) that changes the saved config is refused in one line naming the
@@ -14,13 +19,16 @@ for); ``trainer.run_id`` / ``trainer.run_dir`` / ``trainer.resume`` name the run
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from flows.preflight import PreflightError
 from flows.run_dir import RunDir
+from flows.run_lock import acquire_run_lock, release_run_lock
 from hybridflow.config import ExperimentConfig, flatten_config, load_config
-from hybridflow.layout import CONFIG
+from hybridflow.layout import CONFIG, RUN_INFO
 
 IDENTITY_KEYS = ("trainer.run_id", "trainer.run_dir", "trainer.resume")
 FREE_KEYS = (*IDENTITY_KEYS, "trainer.resume_fallback")
@@ -87,8 +95,6 @@ def resume_target(config_path: str | None, overrides: list[str] | None,
     saved config (overrides such as trainer.total_iterations may extend it), not with the
     defaults; ``--resume auto`` picks the latest run under trainer.run_dir (none: a new run).
     Raises ConfigError (a bad config or override), PreflightError (DIR is not a run directory)."""
-    from flows.run_lock import latest_run
-
     cfg = load_config(config_path, overrides)  # fails fast with a readable ConfigError
     if not resume:
         return cfg, None
@@ -105,4 +111,63 @@ def resume_target(config_path: str | None, overrides: list[str] | None,
     return cfg, str(target)
 
 
-__all__ = ["config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS"]
+def latest_run(parent: Path) -> Path | None:
+    runs = [p for p in parent.iterdir() if (p / RUN_INFO).exists()] if parent.exists() else []
+    return max(runs, key=lambda p: (p / RUN_INFO).stat().st_mtime) if runs else None
+
+
+def resolve_run_dir(cfg: ExperimentConfig, resume: str | None) -> tuple[Path, bool]:
+    """(the run directory ``open_run`` will use, whether it reopens an existing run).
+
+    ``resume`` = a run directory, or "auto" (the latest run under trainer.run_dir; none: a new
+    run); ``trainer.resume: auto`` in the config does the same. A new run without
+    ``trainer.run_id`` gets a name from the time (the CLI fixes it in the config first, so the
+    flow opens the folder the CLI locked). Raises FileNotFoundError when ``resume`` is not a run
+    directory.
+    """
+    parent = Path(cfg.trainer.run_dir)
+    if resume == "auto" or (resume is None and cfg.trainer.resume == "auto"):
+        target = latest_run(parent)
+        if target is not None:
+            return target, True
+    elif resume:
+        if not (Path(resume) / RUN_INFO).exists():
+            raise FileNotFoundError(f"--resume {resume}: not a run directory (no run.json)")
+        return Path(resume), True
+    run_id = cfg.trainer.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.algorithm.adv_estimator}"
+    return parent / run_id, False
+
+
+@contextmanager
+def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
+                  apply_overrides: bool = False) -> Iterator[tuple[ExperimentConfig, str | None]]:
+    """Lock the run directory for a command's lifetime before any server starts, and yield
+    ``(config to run, run directory to resume or None)`` (``trainer.resume: auto`` without
+    ``--resume`` resolves to the latest run here). A second start of the same ``trainer.run_id``, or a
+    ``--resume`` of a folder a live run holds, is a RunLockedError (one line, exit 2); a new run
+    whose folder already holds a run is a PreflightError. A new run without ``trainer.run_id``
+    gets its generated name fixed in the config, so the flow opens the folder locked here. On
+    resume, overrides that change the saved config are refused unless ``apply_overrides``
+    (:func:`reconcile_resume_config`). A folder created here and left empty
+    (the run was refused before it wrote anything) is removed at exit."""
+    if apply_overrides and resume is None:
+        raise PreflightError("--override applies only with --resume (a new run takes its overrides as they are)")
+    run_dir, reopen = resolve_run_dir(cfg, resume)
+    if not reopen:
+        from flows.preflight import check_run_dir
+
+        check_run_dir(cfg)  # an unwritable trainer.run_dir is named as such, not as a lock failure
+        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"run_id": run_dir.name})})
+    acquire_run_lock(run_dir)
+    try:
+        if not reopen and (run_dir / RUN_INFO).exists():
+            raise PreflightError(f"run directory {run_dir} already holds a run (trainer.run_id={run_dir.name!r}); "
+                                 f"continue it with --resume {run_dir}, or choose another trainer.run_id")
+        if reopen:
+            cfg = reconcile_resume_config(cfg, run_dir, apply=apply_overrides)
+        yield cfg, (str(run_dir) if reopen else None)
+    finally:
+        release_run_lock(run_dir, remove_empty_dir=not reopen)
+
+
+__all__ = ["latest_run", "resolve_run_dir", "owned_run_dir", "config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS"]

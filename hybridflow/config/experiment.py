@@ -1,0 +1,235 @@
+"""``ExperimentConfig``: all sections together, and the checks across sections."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from hybridflow.config.actor import (
+    ActorConfig,
+)
+from hybridflow.config.algorithm import (
+    AlgorithmConfig,
+)
+from hybridflow.config.base import (
+    BUILTIN_ADV_ESTIMATORS,
+    BUILTIN_POLICY_LOSSES,
+    ESTIMATORS_NEEDING_VALUES,
+    RENAMED_KEYS,
+    _rename_key,
+    _Section,
+)
+from hybridflow.config.critic import (
+    CriticConfig,
+    ReferenceConfig,
+)
+from hybridflow.config.data import (
+    DataConfig,
+)
+from hybridflow.config.model import (
+    ModelConfig,
+)
+from hybridflow.config.placement import (
+    PlacementConfig,
+)
+from hybridflow.config.reward import (
+    RewardConfig,
+)
+from hybridflow.config.rollout import (
+    RolloutConfig,
+)
+from hybridflow.config.tracking import (
+    TrackingConfig,
+)
+from hybridflow.config.trainer import (
+    TrainerConfig,
+)
+
+
+class ExperimentConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Datasets.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantage and KL.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="Policy update.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model update.")
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig, description="Reference model.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards.")
+    placement: PlacementConfig = Field(default_factory=PlacementConfig, description="Ray pools.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Loop, checkpoints, resume.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow.")
+
+    # ---- derived -------------------------------------------------------------------------------
+    @property
+    def trajectories_per_iteration(self) -> int:
+        """Trajectories one RL iteration trains on: data.prompts_per_iteration × rollout.samples_per_prompt."""
+        return self.data.prompts_per_iteration * self.rollout.samples_per_prompt
+
+    @property
+    def trajectories_per_step(self) -> int:
+        """Deprecated name of :attr:`trajectories_per_iteration`."""
+        return self.trajectories_per_iteration
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.algorithm.adv_estimator in ESTIMATORS_NEEDING_VALUES
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.algorithm.use_kl_in_reward or self.actor.use_kl_loss
+
+    @property
+    def old_log_probs_from_rollout(self) -> bool:
+        """True when old_log_probs are the rollout engine's log-probs (no recompute forward)."""
+        if self.actor.old_log_probs == "auto":
+            # a correction, or a separate rollout pool (behaviour log-probs), needs the trainer's own
+            needs_proximal = self.actor.rollout_correction != "none" or self.uses_rollout_pool
+            return self.rollout.engine == "hf" and not needs_proximal
+        return self.actor.old_log_probs == "rollout"
+
+    # ---- renamed keys --------------------------------------------------------------------------
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Old key names (:data:`RENAMED_KEYS`) still load, with a warning naming the new key."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in RENAMED_KEYS.items():
+            data = _rename_key(data, old, new)
+        return data
+
+    # ---- cross-field checks --------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        _check_registry_name("algorithm.adv_estimator", self.algorithm.adv_estimator, "advantage", self.trainer.plugins)
+        _check_registry_name("actor.policy_loss", self.actor.policy_loss, "policy_loss", self.trainer.plugins)
+        n = self.trajectories_per_iteration
+        for sec in ("actor", "critic") if self.needs_critic else ("actor",):
+            mini = getattr(self, sec).mini_batch_trajectories
+            micro = getattr(self, sec).micro_batch_trajectories
+            if n % mini:
+                raise ValueError(
+                    f"{sec}.mini_batch_trajectories={mini} must divide the iteration's trajectories "
+                    f"data.prompts_per_iteration × rollout.samples_per_prompt = {n}"
+                )
+            if mini % micro:
+                raise ValueError(f"{sec}.micro_batch_trajectories={micro} must divide {sec}.mini_batch_trajectories={mini}")
+        buf = self.algorithm.overlong_buffer
+        if buf.enable and buf.buffer_tokens > self.rollout.max_response_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer.buffer_tokens={buf.buffer_tokens} must be <= "
+                f"rollout.max_response_tokens={self.rollout.max_response_tokens} (the ramp ends at the maximum length)"
+            )
+        if self.algorithm.use_kl_in_reward and self.actor.use_kl_loss and not self.algorithm.allow_kl_in_reward_and_loss:
+            raise ValueError(
+                "algorithm.use_kl_in_reward and actor.use_kl_loss are both on (KL counted twice); "
+                "turn one off or set algorithm.allow_kl_in_reward_and_loss=true"
+            )
+        roles = [r for p in self.placement.pools.values() for r in p.roles]
+        for role in set(roles):
+            if roles.count(role) > 1:
+                raise ValueError(f"placement.pools: role '{role}' is in more than one pool")
+        for role in ("policy", "reward"):
+            if role not in roles:
+                raise ValueError(f"placement.pools: no pool has role '{role}'")
+        if self.needs_critic and "critic" not in roles:
+            raise ValueError(
+                f"algorithm.adv_estimator={self.algorithm.adv_estimator} needs a critic: add role 'critic' to a pool"
+            )
+        if self.needs_reference and "reference" not in roles:
+            raise ValueError("KL is on (use_kl_in_reward or use_kl_loss): add role 'reference' to a pool")
+        self._check_rollout_pool()
+        self._check_tools_pool()
+        corr = self.actor.rollout_correction
+        if corr != "none" and self.actor.old_log_probs == "rollout":
+            raise ValueError(
+                f"actor.rollout_correction={corr} needs recomputed old_log_probs but actor.old_log_probs=rollout "
+                "makes them the rollout log-probs (weight 1 everywhere): set actor.old_log_probs=auto or recompute"
+            )
+        if self.actor.behav_weight_cap is not None and corr != "decoupled":
+            raise ValueError(
+                f"actor.behav_weight_cap is set but actor.rollout_correction={corr}: the cap applies to "
+                "rollout_correction=decoupled only"
+            )
+        if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
+            raise ValueError("rollout.engine=vllm needs a GPU; trainer.device=cpu")
+        return self
+
+    def _check_rollout_pool(self) -> None:
+        """Asynchronous training needs the rollout role in a pool of its own (issue 20)."""
+        pools = self.placement.pools
+        where = next((n for n, p in pools.items() if "rollout" in p.roles), None)
+        if where is not None and "policy" in pools[where].roles:
+            raise ValueError(
+                f"placement.pools.{where}: roles 'rollout' and 'policy' in one pool; the rollout role is a second "
+                "copy of the policy for asynchronous training and needs a pool of its own (roles: [rollout]); "
+                "drop it to keep the colocated hybrid engine"
+            )
+        if self.trainer.max_staleness > 0 and where is None:
+            raise ValueError(
+                f"trainer.max_staleness={self.trainer.max_staleness} needs a rollout pool apart from the policy's: "
+                "add e.g. placement.pools.gen: {workers: 1, roles: [rollout]} (examples/grpo_arith_async.yaml)"
+            )
+
+    def _check_tools_pool(self) -> None:
+        """The ``tools`` role (multi-turn tool / environment execution, workers/tools.py) runs alone in
+        its pool, and only when the rollout is multi-turn."""
+        where = next((n for n, p in self.placement.pools.items() if "tools" in p.roles), None)
+        if where is None:
+            return
+        others = [r for r in self.placement.pools[where].roles if r != "tools"]
+        if others:
+            raise ValueError(
+                f"placement.pools.{where}: role 'tools' shares a pool with {', '.join(others)}; "
+                "it runs tool calls and environment steps in a pool of its own (roles: [tools]): drop it to run them "
+                "in the rollout worker"
+            )
+        if not self.rollout.is_multi_turn:
+            raise ValueError(
+                f"placement.pools.{where}: role 'tools' but neither rollout.tools nor rollout.environment is set "
+                "(nothing for the tools pool to run): set one, or drop the pool"
+            )
+
+    @property
+    def weight_sync_mode(self) -> str:
+        """``trainer.weight_sync`` with 'auto' resolved: 'collective' or 'object_store'."""
+        if self.trainer.weight_sync != "auto":
+            return self.trainer.weight_sync
+        policy = next(p for p in self.placement.pools.values() if "policy" in p.roles)
+        return "collective" if policy.gpus_per_worker > 0 else "object_store"
+
+    @property
+    def uses_rollout_pool(self) -> bool:
+        """True when generation runs on a ``rollout`` pool apart from the trainer (asynchronous mode)."""
+        return any("rollout" in p.roles for p in self.placement.pools.values())
+
+    # ---- multi-turn rollouts (issue 16) ----
+    @model_validator(mode="after")
+    def _check_agents(self) -> ExperimentConfig:
+        """The multi-turn limits. Importing the tools / environment is not validation: it is
+        :func:`hybridflow.agents.checks.check_user_code`, which the CLI and the flows run before
+        anything starts (a worker or a task re-validating the config imports no user code)."""
+        mt = self.rollout.multi_turn
+        if self.rollout.is_multi_turn and mt.max_tokens_per_turn is not None \
+                and mt.max_tokens_per_turn > self.rollout.max_response_tokens:
+            raise ValueError(
+                f"rollout.multi_turn.max_tokens_per_turn={mt.max_tokens_per_turn} is larger than "
+                f"rollout.max_response_tokens={self.rollout.max_response_tokens} (the whole trajectory's budget)"
+            )
+        return self
+
+
+def _check_registry_name(key: str, name: str, kind: str, plugins: list[str]) -> None:
+    builtin = BUILTIN_ADV_ESTIMATORS if kind == "advantage" else BUILTIN_POLICY_LOSSES
+    if name in builtin:
+        return
+    # Not a built-in: the user may have registered it. Import their plugins and the registry.
+    for mod in plugins:
+        importlib.import_module(mod)
+    from hybridflow.algorithms import registry  # imports torch; only on this uncommon path
+
+    known = registry.advantage_estimator_names() if kind == "advantage" else registry.policy_loss_names()
+    if name not in known:
+        raise ValueError(f"{key}={name!r} is not registered; allowed: {', '.join(sorted(known))}")

@@ -1,0 +1,114 @@
+"""``rollout``: generation, and the limits of multi-turn rollouts (tools, environments)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from hybridflow.config.base import (
+    _Section,
+)
+
+# ---- multi-turn rollouts: tools and environments (issue 16) ------------------------------------
+ToolFormatName = Literal["hermes", "python"]
+
+
+class MultiTurnConfig(_Section):
+    """Limits of a multi-turn rollout (tools or an environment). See docs/agents.md."""
+
+    max_turns: int = Field(
+        4, ge=1, description="Most assistant turns per trajectory; the trajectory ends with finish reason 'max_turns'."
+    )
+    max_tokens_per_turn: int | None = Field(
+        None, gt=0, description="Most new tokens in one assistant turn (None = rollout.max_response_tokens); a turn "
+        "that reaches it ends (end-of-turn tokens appended as non-model tokens) and the environment still steps.",
+    )
+    max_observation_tokens: int = Field(
+        256, gt=0, description="Longest observation in tokens; longer ones lose their middle to a marker."
+    )
+    tool_timeout_s: float = Field(
+        10.0, gt=0, description="Wall-clock limit of one environment step / tool call (its process is killed)."
+    )
+    tool_format: ToolFormatName = Field(
+        "hermes", description="How the model writes a tool call: 'hermes' <tool_call>{json}</tool_call>, or "
+        "'python' a fenced python block that is executed (ToRL / ReTool style).",
+    )
+    num_workers: int = Field(2, gt=0, description="Processes executing tools and environment steps.")
+    kv_cache: bool = Field(
+        True, description="hf engine: keep each trajectory's KV cache between turns and prefill only the new "
+        "tokens (observations), instead of prefilling the whole conversation every turn (bench/multi_turn_kv.py).",
+    )
+    system_prompt: str | None = Field(
+        None, description="A system message put first in every conversation (joined to the row's own system "
+        "message, if any) — e.g. one worked tool call. Not added where the environment's reset gives the messages.",
+    )
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine: transformers (CPU/GPU) or vLLM (GPU).")
+    samples_per_prompt: int = Field(4, gt=0, description="Responses sampled per prompt (the group size n).")
+    max_response_tokens: int = Field(64, gt=0, description="Maximum new tokens per response.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs are on logits / temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (Holtzman et al. 2019).")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables.")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, description="Extra stop token ids (the tokenizer's EOS is always a stop)."
+    )
+    generation_batch_trajectories: int = Field(
+        64, gt=0, description="Trajectories generated per engine call (memory knob; results do not depend on it)."
+    )
+    drop_finished_rows: bool = Field(
+        True, description="hf engine: a row leaves the decode batch and its KV cache as soon as it finishes "
+        "(workers/rollout/decode.py). False: transformers' generate, which computes every row until the longest "
+        "finishes. Same tokens either way; log-probs equal to float rounding.",
+    )
+    compile: bool = Field(
+        False, description="hf engine: each decode step torch.compile'd on a static KV cache "
+        "(workers/rollout/compiled.py; CUDA graphs on a GPU), compiled once per pool per (batch bucket, length "
+        "bucket); needs drop_finished_rows. Greedy tokens equal the eager loop's. Meant for a GPU: on a 2-core CPU "
+        "rollout was 0.67-0.96x of the eager loop's speed after ~1-4 min of compiling (docs/benchmarks.md).",
+    )
+    packed_weights: bool = Field(
+        True, description="hf engine on a CPU: generate on oneDNN-packed float32 linear weights, packed once per "
+        "generate call (workers/rollout/packed_weights.py); 1.3-1.4x faster decode steps at 8-16 rows on a "
+        "2-core CPU (docs/benchmarks.md). Log-probs equal to float rounding. Ignored on a GPU and with compile.",
+    )
+    fused_decode: bool = Field(
+        True, description="hf engine on a CPU, single-turn with drop_finished_rows: Llama-family models (llama, "
+        "mistral, qwen2; float32, plain linears) prefill and decode through workers/rollout/fused_decode.py (fused "
+        "q/k/v and gate/up products on packed weights, residual adds inside the products, a KV cache written in "
+        "place), prepared once per generate call. Greedy tokens equal the model forward's; log-probs equal to "
+        "float rounding. Other models, LoRA or a GPU decode through the model's forward.",
+    )
+    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM KV-cache memory fraction.")
+    val_temperature: float = Field(0.0, ge=0, description="Validation temperature; 0 = greedy.")
+    val_samples_per_prompt: int = Field(1, gt=0, description="Validation samples per prompt (mean@k / pass@k).")
+    # ---- multi-turn (issue 16) ----
+    tools: list[str] = Field(
+        default_factory=list, description="Tools for multi-turn rollouts: 'pkg.mod:fn', 'path/file.py:fn' or a "
+        "built-in name (calculator, python); typed functions with docstrings. Empty = no tools.",
+    )
+    environment: str | None = Field(
+        None, description="Multi-turn environment: 'pkg.mod:Class', 'path/file.py:Class' or a registered name. "
+        "None with no tools = single-turn rollout.",
+    )
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig, description="Multi-turn limits.")
+
+    @property
+    def is_multi_turn(self) -> bool:
+        return bool(self.tools) or self.environment is not None
+
+    @model_validator(mode="after")
+    def _check_compile(self) -> RolloutConfig:
+        if self.compile and self.engine != "hf":
+            raise ValueError(f"rollout.compile applies to the hf engine; rollout.engine={self.engine!r} "
+                             "(vLLM captures CUDA graphs itself unless enforce_eager)")
+        if self.compile and not self.drop_finished_rows:
+            raise ValueError("rollout.compile needs rollout.drop_finished_rows=true: it compiles the engine's own "
+                             "decode loop, not transformers' generate")
+        if self.compile and self.is_multi_turn:
+            raise ValueError("rollout.compile applies to single-turn rollouts; multi-turn rollouts (rollout.tools / "
+                             "rollout.environment) decode with transformers' generate")
+        return self

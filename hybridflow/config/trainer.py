@@ -1,0 +1,86 @@
+"""``trainer``: the loop, checkpoints, resume, plugins, the dataflow."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from hybridflow.config.base import (
+    _Section,
+)
+
+
+class TrainerConfig(_Section):
+    total_iterations: int = Field(10, gt=0, description="RL iterations (steps) to run.")
+    total_epochs: int = Field(100, gt=0, description="Upper bound on passes over the training prompts.")
+    seed: int = Field(0, description="Seed for sampling, shuffling and initialisation.")
+    run_dir: str = Field("runs", description="Parent folder of run directories: a path every node sees "
+                         "(a shared mount), plain (a relative path is the driver's working directory's) or as a "
+                         "file:///abs/path URI; object-store URIs are refused (not supported yet).")
+    run_id: str | None = Field(None, description="Run name; None = generated from time.")
+    save_every: int = Field(5, ge=0, description="Checkpoint every N iterations (0 = only at the end).")
+    val_every: int = Field(5, ge=0, description="Validate every N iterations (0 = never).")
+    val_before_train: bool = Field(True, description="Validate the initial model.")
+    resume: Literal["never", "auto"] = Field("never", description="'auto' resumes the latest run in run_dir.")
+    max_bad_updates: int = Field(3, gt=0, description="Stop after this many NaN/inf updates in a row.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where workers compute.")
+    task_runner: Literal["ray", "thread"] = Field("ray", description="Prefect task runner.")
+    dataflow: str | None = Field(
+        None, description="'module:function' returning the iteration's DataFlow for a config (None = built-in)."
+    )
+    plugins: list[str] = Field(
+        default_factory=list, description="Modules imported first; they may register estimators, losses, nodes."
+    )
+    # ---- asynchronous training (issue 20, docs/async.md) ----
+    max_staleness: int = Field(
+        0, ge=0, description="Policy versions a trajectory may lag the trainer by: 0 = the synchronous loop "
+        "(rollout waits for the update); k > 0 = the rollout of iteration j generates with the weights after "
+        "iteration j-1-k's update while the trainer updates, with up to k+1 rollouts in flight (1 = one-step "
+        "off-policy, verl's one_step_off recipe). Needs a pool with role 'rollout' apart from the policy's.",
+    )
+    staleness_policy: Literal["wait", "drop"] = Field(
+        "wait", description="A rollout older than trainer.max_staleness versions (e.g. the bound was lowered on "
+        "a resume): 'wait' = generate it again with the trainer's current weights; 'drop' = skip its update "
+        "and count its trajectories in rollout/dropped_stale.",
+    )
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        "auto", description="How the trainer's weights reach a separate rollout pool after each update: "
+        "'object_store' = CPU tensors through Ray's object store; 'collective' = a torch.distributed broadcast "
+        "from the policy's rank 0 to the rollout ranks (NCCL on GPUs, Gloo on CPU); 'auto' = collective when "
+        "the policy pool has GPUs, else object_store (docs/async.md).",
+    )
+    # ---- resume from damaged storage (docs/reliability.md, Storage) ----
+    resume_fallback: bool = Field(
+        True, description="On resume, when the latest checkpoint does not match its manifest (truncated or changed "
+        "files): resume from the newest intact checkpoint with a warning (true) or refuse to resume (false)."
+    )
+
+    # ---- run directory URIs (issue 19) ----
+    @field_validator("run_dir")
+    @classmethod
+    def _local_run_dir(cls, v: str) -> str:
+        """``file:///abs/path`` (or ``file://localhost/abs/path``) becomes ``/abs/path``; a
+        ``file://`` URI naming another host, and every other scheme (``s3://``, ``gs://``,
+        ``memory://``, ...), fails: run state, checkpoints, locks and pool events are written with
+        local file APIs, so an object store cannot hold a run yet. A plain relative path is
+        resolved against the driver's working directory once, when the run opens."""
+        import os
+        from urllib.parse import unquote, urlsplit
+
+        if not v.strip():
+            raise ValueError("the run directory is empty; give a folder, e.g. runs")
+        scheme = urlsplit(v).scheme.lower()
+        if scheme == "file":
+            parts = urlsplit(v)
+            if parts.netloc not in ("", "localhost"):
+                raise ValueError(f"a file:// URI names a path on this machine, file:///abs/path; "
+                                 f"{v!r} names host {parts.netloc!r}")
+            path = unquote(parts.path)
+            if not path.startswith("/") or path == "/":
+                raise ValueError(f"a file: URI names an absolute folder below /, file:///abs/path; {v!r} does not")
+            return path
+        if len(scheme) > 1 or "://" in v:  # s3://, s3:/x, memory:x (one letter + ':' would be a drive)
+            raise ValueError("the run directory must be a path every node sees (a shared mount), plain or "
+                             "file:///abs/path; object-store URIs are not supported for trainer.run_dir yet")
+        return os.path.expanduser(v)
