@@ -19,9 +19,10 @@ does not change: :func:`open_feed` is the one place that picks the feed for a co
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
+from flows.feed_protocol import Feed, Taken
+from flows.rollout_ahead import RolloutsAhead, _logger
 from tasks.common import RunContext
 from tasks.types import NodeResult
 
@@ -30,36 +31,6 @@ if TYPE_CHECKING:
     from flows.trainer_state import TrainerState
     from hybridflow.config import ExperimentConfig
     from hybridflow.data import PromptSampler
-
-
-@dataclass
-class Taken:
-    """What a feed gives iteration k: ``first``, its first flow input (the prompts' NodeResult, or
-    a RolloutResult; None: nothing to train on this iteration, e.g. a rollout dropped as stale)
-    and metrics about it (name → float, logged with the iteration's)."""
-
-    first: NodeResult | None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@runtime_checkable
-class Feed(Protocol):
-    """The seam between the train flow's loop and where an iteration's input comes from."""
-
-    def take(self, iteration: int) -> Taken | None:
-        """Iteration ``iteration``'s input (waited for), or None when the data is exhausted."""
-        ...
-
-    def settle(self, taken: Taken, out: IterationResult, phase: tuple[float, float], wall_s: float) -> None:
-        """After the iteration trained on ``taken``: add what the feed knows to ``out`` (results,
-        metrics). ``phase``: the iteration subflow's start and end (Unix s); ``wall_s``: the
-        iteration's wall time so far (s)."""
-        ...
-
-    def in_flight(self) -> dict[str, dict[str, Any]]:
-        """What a checkpoint must record so a resume continues this feed (``TrainerState.rollouts``);
-        waits for work in flight. {} when nothing is."""
-        ...
 
 
 def save_prompts(run: RunContext, node: str, indices: list[int], dataset: Any) -> NodeResult:
@@ -103,12 +74,8 @@ def open_feed(cfg: ExperimentConfig, prompts: PromptFeed, trainer: TrainerState,
     A checkpoint's rollouts in flight (``trainer.rollouts``) go to the rollouts-ahead schedule;
     without a rollout pool they are not trained on (warned) and cleared."""
     if cfg.uses_rollout_pool:
-        from flows.rollout_ahead import RolloutsAhead
-
         return RolloutsAhead(prompts, trainer, cfg.trainer, submit)
     if trainer.rollouts:  # resumed synchronously from an asynchronous run's checkpoint
-        from flows.rollout_ahead import _logger
-
         _logger().warning(
             "the checkpoint recorded the rollouts of iterations %s in flight; without a rollout pool they are not "
             "trained on (their prompts are skipped)", ", ".join(sorted(trainer.rollouts, key=int)))

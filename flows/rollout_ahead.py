@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flows.feeds import Taken
+from flows.feed_protocol import Taken
 from hybridflow.metric_names import METRIC_NAMES as M
 from tasks.types import NodeResult, RolloutResult
 

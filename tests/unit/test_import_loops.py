@@ -35,10 +35,6 @@ ALLOWED_EDGES: dict[tuple[str, str], str] = {
        "registry pattern: the rollout-engine registry imports the built-in engines lazily by "
        "name; each engine module imports the protocol and registry from base"
        for engine in ("hf", "vllm")},
-    ("workers.rollout.decode", "workers.rollout.compiled"):
-        "closed on branch r36-engines (rollout/compiled <-> rollout/decode); remove at merge",
-    ("workers.tools", "workers.pool"):
-        "closed on branch r36-envs (pool -> host -> tools -> pool); remove at merge",
 }
 
 
