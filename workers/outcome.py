@@ -1,9 +1,12 @@
-"""What an update of a trained role's weights decided: :class:`UpdateOutcome`."""
+"""What an update of a trained role's weights decided (:class:`UpdateOutcome`) and the exactly-once
+bookkeeping that decides whether it runs (:class:`VersionedUpdates`; the driver side is
+:mod:`tasks.versions`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -36,4 +39,62 @@ class UpdateOutcome(Mapping[str, float]):
         return UpdateOutcome(self.applied, {**self.metrics, **extra})
 
 
-__all__ = ["UpdateOutcome"]
+
+
+class VersionMismatchError(RuntimeError):
+    """An update was requested at a weights_version the worker is not at."""
+
+
+# ---- exactly-once ------------------------------------------------------------------------------
+
+
+@dataclass
+class VersionedUpdates:
+    """Exactly-once bookkeeping of one trained role.
+
+    ``run(expected_version, batch_id, fn)``: at ``weights_version == expected_version`` calls
+    ``fn()`` (the update, an :class:`UpdateOutcome`) and, when it was applied, bumps the version
+    and records (batch_id, metrics). At ``expected_version + 1`` with the recorded batch_id,
+    returns the recorded metrics (applied) without applying anything. Anything else raises
+    :class:`VersionMismatchError` naming both versions. Every outcome's metrics carry
+    ``<prefix>/weights_version`` (after it).
+    """
+
+    role: str
+    prefix: str
+    weights_version: int = 0
+    last_batch_id: str | None = None
+    last_metrics: dict[str, float] | None = None
+
+    def run(self, expected_version: int, batch_id: str, fn: Callable[[], UpdateOutcome]) -> UpdateOutcome:
+        if expected_version == self.weights_version:
+            outcome = fn()
+            if outcome.applied:
+                self.weights_version += 1
+                self.last_batch_id, self.last_metrics = batch_id, dict(outcome.metrics)
+            return outcome.with_metrics({f"{self.prefix}/weights_version": float(self.weights_version)})
+        if expected_version + 1 == self.weights_version and batch_id == self.last_batch_id:
+            assert self.last_metrics is not None
+            return UpdateOutcome(applied=True, metrics=dict(self.last_metrics)
+                                 | {f"{self.prefix}/weights_version": float(self.weights_version)})
+        detail = (
+            f"a different batch ({batch_id!r}) than the last applied one ({self.last_batch_id!r})"
+            if expected_version + 1 == self.weights_version
+            else "no update to apply or replay"
+        )
+        raise VersionMismatchError(
+            f"{self.role} update expected weights_version {expected_version} but the worker is at "
+            f"{self.weights_version}: {detail}"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"weights_version": self.weights_version, "last_batch_id": self.last_batch_id,
+                "last_metrics": self.last_metrics}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.weights_version = int(sd["weights_version"])
+        self.last_batch_id = sd["last_batch_id"]
+        self.last_metrics = sd["last_metrics"]
+
+
+__all__ = ["UpdateOutcome", "VersionMismatchError", "VersionedUpdates"]

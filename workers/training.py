@@ -19,7 +19,7 @@ that optimizer step is skipped (gradients dropped, weights and optimizer state u
 and counted in ``<prefix>/bad_updates``; ``<prefix>/update_skipped`` is 1 when no step of
 the update was applied.
 
-:class:`VersionedUpdates` is the exactly-once contract of ``update_policy`` /
+:class:`VersionedUpdates` (:mod:`workers.outcome`, re-exported here) is the exactly-once contract of ``update_policy`` /
 ``update_critic`` (docs/architecture.md, "Recovery and exactly-once updates"; the driver side is :mod:`tasks.versions`).
 """
 
@@ -39,14 +39,10 @@ from hybridflow.algorithms.aggregation import MicroBatch, accumulation_plan
 from hybridflow.batch import Batch, is_padding
 from workers import distributed as D
 from workers.micro_batches import by_length
-from workers.outcome import UpdateOutcome
+from workers.outcome import UpdateOutcome, VersionedUpdates, VersionMismatchError  # noqa: F401 (re-exported)
 from workers.progress import Countdown, Tick
 
 _log = logging.getLogger(__name__)
-
-
-class VersionMismatchError(RuntimeError):
-    """An update was requested at a weights_version the worker is not at."""
 
 
 @dataclass(frozen=True)
@@ -345,58 +341,6 @@ def _global_maxima(maxima: _Tally, prefix: str) -> dict[str, float]:
         return {}
     reduced = D.all_reduce_max(torch.tensor([maxima.sums[k] for k in keys], dtype=torch.float64)).tolist()
     return {_metric_name(prefix, k): v if v != -math.inf else math.nan for k, v in zip(keys, reduced, strict=True)}
-
-
-# ---- exactly-once ------------------------------------------------------------------------------
-
-
-@dataclass
-class VersionedUpdates:
-    """Exactly-once bookkeeping of one trained role.
-
-    ``run(expected_version, batch_id, fn)``: at ``weights_version == expected_version`` calls
-    ``fn()`` (the update, an :class:`UpdateOutcome`) and, when it was applied, bumps the version
-    and records (batch_id, metrics). At ``expected_version + 1`` with the recorded batch_id,
-    returns the recorded metrics (applied) without applying anything. Anything else raises
-    :class:`VersionMismatchError` naming both versions. Every outcome's metrics carry
-    ``<prefix>/weights_version`` (after it).
-    """
-
-    role: str
-    prefix: str
-    weights_version: int = 0
-    last_batch_id: str | None = None
-    last_metrics: dict[str, float] | None = None
-
-    def run(self, expected_version: int, batch_id: str, fn: Callable[[], UpdateOutcome]) -> UpdateOutcome:
-        if expected_version == self.weights_version:
-            outcome = fn()
-            if outcome.applied:
-                self.weights_version += 1
-                self.last_batch_id, self.last_metrics = batch_id, dict(outcome.metrics)
-            return outcome.with_metrics({f"{self.prefix}/weights_version": float(self.weights_version)})
-        if expected_version + 1 == self.weights_version and batch_id == self.last_batch_id:
-            assert self.last_metrics is not None
-            return UpdateOutcome(applied=True, metrics=dict(self.last_metrics)
-                                 | {f"{self.prefix}/weights_version": float(self.weights_version)})
-        detail = (
-            f"a different batch ({batch_id!r}) than the last applied one ({self.last_batch_id!r})"
-            if expected_version + 1 == self.weights_version
-            else "no update to apply or replay"
-        )
-        raise VersionMismatchError(
-            f"{self.role} update expected weights_version {expected_version} but the worker is at "
-            f"{self.weights_version}: {detail}"
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"weights_version": self.weights_version, "last_batch_id": self.last_batch_id,
-                "last_metrics": self.last_metrics}
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.weights_version = int(sd["weights_version"])
-        self.last_batch_id = sd["last_batch_id"]
-        self.last_metrics = sd["last_metrics"]
 
 
 __all__ = ["VersionMismatchError", "OptimSettings", "lr_at", "MicroResult", "Optimization", "UpdateOutcome",
