@@ -8,12 +8,16 @@ import torch
 
 from tests.unit._worker_helpers import prompt_batch, tiny_cfg, with_advantages
 from workers.policy import PolicyWorker
+from workers.rollout.capabilities import EngineCapabilities
 from workers.rollout_worker import RolloutWorker
 from workers.weights_endpoint import push_to_engine
 
 
 class OwnEngine:
-    """An engine holding weights of its own, as vLLM does: records what reaches it."""
+    """An engine holding weights of its own, as vLLM does (and declares: full weights, or the LoRA
+    adapter alone): records what reaches it."""
+
+    capabilities = EngineCapabilities(weight_sync=frozenset({"full_state_dict", "lora_adapter"}), lora=True)
 
     def __init__(self):
         self.received: list[tuple] = []
@@ -69,6 +73,8 @@ def _initial(cfg, sent: dict) -> list[torch.Tensor]:
 
 def test_an_engine_sharing_the_module_gets_nothing():
     class Shared(OwnEngine):
+        capabilities = EngineCapabilities(weight_sync=frozenset({"shared_module"}))
+
         def __init__(self, model):
             super().__init__()
             self.model = model
