@@ -41,7 +41,7 @@ def save_prompts(run: RunContext, node: str, indices: list[int], dataset: Any) -
 
 
 class PromptFeed:
-    """Sampler → prompts: each iteration's ``prompts_per_step`` training prompts, drawn by
+    """Sampler → prompts: each iteration's ``prompts_per_iteration`` training prompts, drawn by
     ``sampler`` from ``dataset`` and saved as ``iter_<k>/prompts``; None after ``total_epochs``
     epochs. ``context(k)``: the run's RunContext at iteration k (where the prompts are saved).
     The sampler's position is what a checkpoint keeps (``TrainerState.sampler``)."""

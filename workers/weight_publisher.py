@@ -12,7 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from workers.dispatch import dispatch
-from workers.training import VersionMismatchError
+from workers.outcome import VersionMismatchError
 from workers.weights_endpoint import WeightsEndpoint
 
 
