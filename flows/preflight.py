@@ -87,15 +87,13 @@ def check_models(cfg: ExperimentConfig) -> None:
 
 
 def check_engine(cfg: ExperimentConfig) -> None:
-    """The rollout engine's package is importable here (the vLLM engine is the ``vllm`` extra and
-    needs a CUDA GPU); checked before any server starts, not when the pool builds the engine."""
-    import importlib.util
+    """The rollout engine can run here: for ``rollout.engine: vllm`` the vLLM runtime (``make
+    setup-vllm``) exists and matches, the CPU and the config suit vLLM's build, the KV cache fits
+    (:func:`flows.preflight_vllm.check_vllm`); checked before any server starts, not when the
+    pool builds the engine."""
+    from flows.preflight_vllm import check_vllm
 
-    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise PreflightError(
-            "rollout.engine='vllm' needs the vllm package, which is not installed "
-            "(pip install -e '.[vllm]' on a machine with a CUDA GPU); on CPU use rollout.engine=hf"
-        )
+    check_vllm(cfg, PreflightError)
 
 
 def check_context_length(cfg: ExperimentConfig) -> None:

@@ -84,7 +84,7 @@ class PolicyWorker(Generation, WeightPublisher):
     def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu",
                  namespace: str | None = None):  # fmt: skip
         from hybridflow.models import load_tokenizer, tokenizer_stop_ids
-        from workers.rollout.base import get_rollout_engine
+        from workers.rollout.base import build_engine
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = torch.device(device)
@@ -96,10 +96,7 @@ class PolicyWorker(Generation, WeightPublisher):
         self.sharded = D.is_fsdp(self.model)
         # the unsharded module generation and log-prob recomputation run on
         self.inference_module = build_policy_module(cfg, self.device) if self.sharded else self.module
-        self.engine = get_rollout_engine(cfg.rollout.engine).from_config(
-            model=self.inference_module, tokenizer=self.tokenizer, model_cfg=cfg.model,
-            rollout_cfg=cfg.rollout, device=self.device,
-        )
+        self.engine = build_engine(cfg, model=self.inference_module, tokenizer=self.tokenizer, device=self.device)
         self.optim = Optimization(self.model, self._optim_settings(), world_size=world_size, prefix="actor",
                                   group_by_prompt=shared_prefix.shares_prompts(self.model))
         self.versions = VersionedUpdates("policy", "actor")

@@ -38,6 +38,7 @@ from workers.pool_errors import PoolError
 from workers.pool_errors import cause as _cause
 from workers.pool_errors import root_cause as _root_cause
 from workers.pool_events import lost_ranks, pool_events_path, read_pool_events  # noqa: F401 (re-exported)
+from workers.vllm_runtime import vllm_runtime_env
 
 
 def namespace_for(run_id: str) -> str:
@@ -166,10 +167,17 @@ def _spawn_ranks(cfg: ExperimentConfig, name: str, namespace: str, pg: Any, ckpt
             # a rollout rank takes the next weights (receive_weights) while it generates
             max_concurrency=2 if "rollout" in pool_cfg.roles else 1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
-            runtime_env={"env_vars": worker_env(pool_cfg, threads)},
+            runtime_env=_runtime_env(cfg, pool_cfg, threads),
         ).remote(cfg_dict, name, rank, pool_cfg.workers, ckpt_root, threads, namespace)
         for rank in range(pool_cfg.workers)
     ]
+
+
+def _runtime_env(cfg: ExperimentConfig, pool_cfg: PoolConfig, threads: int) -> dict[str, Any]:
+    """A rank's ``runtime_env``: the allocator's environment, and for a pool holding a vLLM engine the
+    vLLM runtime's interpreter and settings (:func:`workers.vllm_runtime.vllm_runtime_env`)."""
+    vllm = vllm_runtime_env(cfg, pool_cfg.roles, on_cpu=not pool_cfg.gpus_per_worker)
+    return {**vllm, "env_vars": {**worker_env(pool_cfg, threads), **vllm.get("env_vars", {})}}
 
 
 def _bring_up(pool: Pool, timeout_s: float) -> None:

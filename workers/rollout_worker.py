@@ -49,7 +49,7 @@ class RolloutWorker(Generation, WeightsEndpoint):
     def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu",
                  namespace: str | None = None):  # fmt: skip
         from hybridflow.models import load_tokenizer, tokenizer_stop_ids
-        from workers.rollout.base import get_rollout_engine
+        from workers.rollout.base import build_engine
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = torch.device(device)
@@ -57,10 +57,7 @@ class RolloutWorker(Generation, WeightsEndpoint):
         self.stop_ids = tokenizer_stop_ids(self.tokenizer)
         self.inference_module = build_policy_module(cfg, self.device)  # version 0: the trainer's initial weights
         self.inference_module.eval()
-        self.engine = get_rollout_engine(cfg.rollout.engine).from_config(
-            model=self.inference_module, tokenizer=self.tokenizer, model_cfg=cfg.model,
-            rollout_cfg=cfg.rollout, device=self.device,
-        )
+        self.engine = build_engine(cfg, model=self.inference_module, tokenizer=self.tokenizer, device=self.device)
         self._multi_turn = (MultiTurnRollout.from_config(self.engine, self.tokenizer, cfg, namespace)
                             if cfg.rollout.is_multi_turn else None)  # fmt: skip
         self.weights_version = 0

@@ -86,7 +86,8 @@ class ExperimentConfig(_Section):
         if self.actor.old_log_probs == "auto":
             # a correction, or a separate rollout pool (behaviour log-probs), needs the trainer's own
             needs_proximal = self.actor.rollout_correction != "none" or self.uses_rollout_pool
-            return self.rollout.engine == "hf" and not needs_proximal
+            same_numbers = self.rollout.engine == "hf" and self.rollout_dtype == self.model.dtype
+            return same_numbers and not needs_proximal
         return self.actor.old_log_probs == "rollout"
 
     # ---- renamed keys --------------------------------------------------------------------------
@@ -153,9 +154,36 @@ class ExperimentConfig(_Section):
                 f"actor.behav_weight_cap is set but actor.rollout_correction={corr}: the cap applies to "
                 "rollout_correction=decoupled only"
             )
-        if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
-            raise ValueError("rollout.engine=vllm needs a GPU; trainer.device=cpu")
+        self._check_rollout_engine()
         return self
+
+    def _check_rollout_engine(self) -> None:
+        """The hf engine generates on the trainer's own module (so in its dtype); what vLLM's CPU build
+        cannot do (docs/engines.md): tensor parallelism, float16."""
+        if self.rollout.engine == "hf" and self.rollout_dtype != self.model.dtype:
+            raise ValueError(f"rollout.dtype={self.rollout.dtype} differs from model.dtype={self.model.dtype}: the hf "
+                             "engine generates on the trainer's module; drop rollout.dtype or use rollout.engine=vllm")
+        if self.rollout.engine != "vllm" or self.trainer.device != "cpu":
+            return
+        if self.rollout.tensor_parallel_size > 1:
+            raise ValueError(f"rollout.tensor_parallel_size={self.rollout.tensor_parallel_size}: vLLM on a CPU "
+                             "(trainer.device=cpu) runs one process per engine; use 1")
+        if self.rollout_dtype == "float16":
+            raise ValueError("rollout.dtype=float16 (or model.dtype=float16) with rollout.engine=vllm on a CPU: "
+                             "vLLM's CPU build generates in float32 or bfloat16")
+
+    @property
+    def rollout_max_model_len(self) -> int | None:
+        """``rollout.max_model_len``, else prompt + response budget (single-turn), else None (the model's
+        context: a multi-turn conversation grows by turns and observations)."""
+        if self.rollout.max_model_len is not None or self.rollout.is_multi_turn:
+            return self.rollout.max_model_len
+        return self.data.max_prompt_tokens + self.rollout.max_response_tokens
+
+    @property
+    def rollout_dtype(self) -> str:
+        """The dtype the rollout engine generates in: ``rollout.dtype``, else the model's."""
+        return self.rollout.dtype or self.model.dtype
 
     def _check_rollout_pool(self) -> None:
         """Asynchronous training needs the rollout role in a pool of its own (issue 20)."""

