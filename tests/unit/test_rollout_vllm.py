@@ -34,10 +34,10 @@ from workers.policy import PolicyWorker
 from workers.rollout.base import SamplingParams, get_rollout_engine
 from workers.rollout.vllm import (
     VLLMRolloutEngine,
-    decoder_layer_of,
-    split_layers,
     build_requests,
+    decoder_layer_of,
     parse_request_outputs,
+    split_layers,
     vllm_max_lora_rank,
     vllm_sampling_kwargs,
     vllm_weight_name,

@@ -139,7 +139,13 @@ def model_folder(model_cfg: Any) -> str:
     """The HF folder vLLM loads: ``model.path`` itself (a GGUF's cached safetensors copy), or for
     "tiny" the random model and char tokenizer saved into a temporary folder (the trainer's weights
     replace them at the first sync)."""
-    from hybridflow.models import hf_folder, load_causal_lm, load_tokenizer, resolve_model_path, save_hf_checkpoint
+    from hybridflow.models import (
+        hf_folder,
+        load_causal_lm,
+        load_tokenizer,
+        resolve_model_path,
+        save_hf_checkpoint,
+    )
 
     resolved = resolve_model_path(model_cfg.path)
     if resolved.kind != "tiny":
