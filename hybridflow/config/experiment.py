@@ -155,6 +155,9 @@ class ExperimentConfig(_Section):
             )
         if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
             raise ValueError("rollout.engine=vllm needs a GPU; trainer.device=cpu")
+        if self.model.precision == "fp16-true" and self.trainer.device == "cpu":
+            raise ValueError("model.precision=fp16-true (model.dtype: float16) is not supported on CPU "
+                             "(trainer.device=cpu): use model.precision: fp32, bf16-mixed or auto")
         return self
 
     def _check_rollout_pool(self) -> None:
