@@ -11,6 +11,7 @@ from hybridflow.config import ModelConfig
 from hybridflow.models.gguf import materialize_gguf
 from hybridflow.models.resolve import ResolvedModel, resolve_model_path
 from hybridflow.models.tiny import TINY_MAX_POSITIONS, build_tiny_model, build_tiny_tokenizer
+from hybridflow.precision import model_precision
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tokens that end a turn in common chat formats; each is a stop when the vocabulary has it.
@@ -101,7 +102,8 @@ def context_length(model_cfg: ModelConfig) -> int | None:
 
 
 def load_causal_lm(model_cfg: ModelConfig, *, device: str | torch.device = "cpu", seed: int = 0) -> PreTrainedModel:
-    """The policy model in ``model_cfg.dtype`` on ``device``, in train mode.
+    """The policy model in the run's parameter dtype (:func:`hybridflow.precision.model_precision`:
+    float32 for fp32 and bf16-mixed, bfloat16 for bf16-true) on ``device``, in train mode.
 
     "tiny": a random Llama sized by ``tiny_hidden_size`` / ``tiny_layers`` over the tiny
     tokenizer's vocabulary, initialised from ``seed``. GGUF (a .gguf path or
@@ -112,7 +114,7 @@ def load_causal_lm(model_cfg: ModelConfig, *, device: str | torch.device = "cpu"
     Raises ModelNotFoundError / ValueError from :func:`resolve_model_path`.
     """
     resolved = resolve_model_path(model_cfg.path)
-    dtype = torch_dtype(model_cfg.dtype)
+    dtype = model_precision(model_cfg).torch_param_dtype()
     if resolved.kind == "tiny":
         vocab = len(build_tiny_tokenizer())
         model = build_tiny_model(vocab, hidden_size=model_cfg.tiny_hidden_size, layers=model_cfg.tiny_layers, seed=seed)
