@@ -101,6 +101,21 @@ def context_length(model_cfg: ModelConfig) -> int | None:
     return None
 
 
+def model_widths(model_cfg: ModelConfig) -> tuple[int, int]:
+    """(hidden_size, intermediate_size) of the policy from its config alone, no weights (the
+    precision probe's widths). "tiny": (tiny_hidden_size, 2 × that). A config without
+    ``intermediate_size`` gives 4 × hidden."""
+    resolved = resolve_model_path(model_cfg.path)
+    if resolved.kind == "tiny":
+        return model_cfg.tiny_hidden_size, 2 * model_cfg.tiny_hidden_size
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(hf_folder(resolved))
+    config = getattr(config, "text_config", None) or config  # multimodal wrappers
+    hidden = int(config.hidden_size)
+    return hidden, int(getattr(config, "intermediate_size", None) or 4 * hidden)
+
+
 def load_causal_lm(model_cfg: ModelConfig, *, device: str | torch.device = "cpu", seed: int = 0) -> PreTrainedModel:
     """The policy model in the run's parameter dtype (:func:`hybridflow.precision.model_precision`:
     float32 for fp32 and bf16-mixed, bfloat16 for bf16-true) on ``device``, in train mode.
