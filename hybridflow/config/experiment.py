@@ -84,10 +84,17 @@ class ExperimentConfig(_Section):
     def old_log_probs_from_rollout(self) -> bool:
         """True when old_log_probs are the rollout engine's log-probs (no recompute forward)."""
         if self.actor.old_log_probs == "auto":
-            # a correction, or a separate rollout pool (behaviour log-probs), needs the trainer's own
-            needs_proximal = self.actor.rollout_correction != "none" or self.uses_rollout_pool
+            # a correction, or a separate rollout pool (behaviour log-probs), needs the trainer's own;
+            # so does bf16-mixed (the trainer's forward runs under autocast, the hf engine's does not)
+            needs_proximal = self.actor.rollout_correction != "none" or self.uses_rollout_pool or self._mixed
             return self.rollout.engine == "hf" and not needs_proximal
         return self.actor.old_log_probs == "rollout"
+
+    @property
+    def _mixed(self) -> bool:
+        """The run trains under bf16-mixed (the driver's decision, else the configured name)."""
+        decided = self.model.resolved_precision
+        return (decided.name if decided is not None else self.model.precision) == "bf16-mixed"
 
     # ---- renamed keys --------------------------------------------------------------------------
     @model_validator(mode="before")
