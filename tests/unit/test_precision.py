@@ -79,3 +79,12 @@ def test_summary_has_the_probe_figures():
     s = resolve_precision("auto", device_type="cpu", probe=_probe(2.0)).summary()
     assert s["precision"] == "bf16-mixed" and s["precision/probe/layer_speedup"] == 2.0
     assert s["precision/probe/bf16_matmul_gflops"] == 300.0
+
+
+def test_the_decision_is_in_the_mlflow_params():
+    from hybridflow.config import flatten_config
+
+    decided = resolve_precision("auto", device_type="cpu", probe=_probe(2.0))
+    flat = flatten_config(with_resolved_precision(ExperimentConfig(model={"precision": "auto"}), decided))
+    assert flat["model.precision"] == "auto" and flat["model.resolved_precision.name"] == "bf16-mixed"
+    assert flat["model.resolved_precision.probe.fp32_layer_ms"] == 20.0
