@@ -167,8 +167,15 @@ def resolved_precision(cfg: ExperimentConfig) -> ResolvedPrecision:
     """
     if cfg.model.resolved_precision is not None:
         return cfg.model.resolved_precision
-    device: DeviceType = "cuda" if cfg.trainer.device == "cuda" else "cpu"
-    return resolve_precision(cfg.model.precision, device_type=device)
+    return resolve_precision(cfg.model.precision, device_type=run_device_type(cfg))
+
+
+def run_device_type(cfg: ExperimentConfig) -> DeviceType:
+    """"cuda" when the pools compute on GPUs (trainer.device=cuda, or auto with a pool that has
+    GPUs), else "cpu". From the config alone."""
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device  # type: ignore[return-value]
+    return "cuda" if any(p.gpus_per_worker > 0 for p in cfg.placement.pools.values()) else "cpu"
 
 
 def model_precision(model_cfg: ModelConfig) -> ResolvedPrecision:
@@ -195,5 +202,6 @@ __all__ = [
     "model_precision",
     "resolve_precision",
     "resolved_precision",
+    "run_device_type",
     "with_resolved_precision",
 ]

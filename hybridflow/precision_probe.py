@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from hybridflow.config import ExperimentConfig
-from hybridflow.precision import ProbeFigures, ResolvedPrecision, resolve_precision
+from hybridflow.precision import ProbeFigures, ResolvedPrecision, resolve_precision, run_device_type
 
 _log = logging.getLogger("hybridflow.precision")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -132,13 +132,6 @@ def cached_probe(hidden: int, intermediate: int) -> ProbeFigures:
     return figures
 
 
-def run_device_type(cfg: ExperimentConfig) -> str:
-    """"cuda" when the pools compute on GPUs (trainer.device=cuda, or auto with a GPU pool), else "cpu"."""
-    if cfg.trainer.device != "auto":
-        return cfg.trainer.device
-    return "cuda" if any(p.gpus_per_worker > 0 for p in cfg.placement.pools.values()) else "cpu"
-
-
 def decide_precision(cfg: ExperimentConfig, widths: tuple[int, int] | None = None) -> ResolvedPrecision:
     """The run's precision, decided on the driver before any pool starts.
 
@@ -167,5 +160,4 @@ def decide_precision(cfg: ExperimentConfig, widths: tuple[int, int] | None = Non
     return resolved
 
 
-__all__ = ["cached_probe", "cpu_description", "decide_precision", "machine_key", "probe_cpu", "probe_cache_file",
-           "run_device_type"]
+__all__ = ["cached_probe", "cpu_description", "decide_precision", "machine_key", "probe_cpu", "probe_cache_file"]

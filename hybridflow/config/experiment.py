@@ -46,6 +46,7 @@ from hybridflow.config.tracking import (
 from hybridflow.config.trainer import (
     TrainerConfig,
 )
+from hybridflow.precision import run_device_type
 
 
 class ExperimentConfig(_Section):
@@ -162,9 +163,10 @@ class ExperimentConfig(_Section):
             )
         if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
             raise ValueError("rollout.engine=vllm needs a GPU; trainer.device=cpu")
-        if self.model.precision == "fp16-true" and self.trainer.device == "cpu":
-            raise ValueError("model.precision=fp16-true (model.dtype: float16) is not supported on CPU "
-                             "(trainer.device=cpu): use model.precision: fp32, bf16-mixed or auto")
+        if self.model.precision == "fp16-true" and run_device_type(self) == "cpu":
+            raise ValueError(f"model.precision=fp16-true (model.dtype: float16) is not supported on CPU "
+                             f"(trainer.device={self.trainer.device}, no pool with GPUs): use model.precision: "
+                             "fp32, bf16-mixed or auto")
         return self
 
     def _check_rollout_pool(self) -> None:

@@ -88,3 +88,11 @@ def test_the_decision_is_in_the_mlflow_params():
     flat = flatten_config(with_resolved_precision(ExperimentConfig(model={"precision": "auto"}), decided))
     assert flat["model.precision"] == "auto" and flat["model.resolved_precision.name"] == "bf16-mixed"
     assert flat["model.resolved_precision.probe.fp32_layer_ms"] == 20.0
+
+
+def test_fp16_with_device_auto_follows_the_pools():
+    with pytest.raises(ValueError, match="fp16-true.*not supported on CPU.*no pool with GPUs"):
+        ExperimentConfig(model={"precision": "fp16-true"})  # trainer.device auto, CPU pools
+    pools = {"main": {"workers": 1, "gpus_per_worker": 1, "roles": ["policy", "reward"]}}
+    gpu = ExperimentConfig(model={"precision": "fp16-true"}, placement={"pools": pools})
+    assert resolved_precision(gpu).param_dtype == "float16"
