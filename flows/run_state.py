@@ -214,17 +214,21 @@ def open_run(cfg: ExperimentConfig, *, resume: str | None, flow_run_id: str | No
 
 
 def _create(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
+    from hybridflow.precision_probe import decide_precision
+
+    decided = decide_precision(cfg)  # before the folder exists: a failure leaves no half-made run
     run_dir.create(cfg)
     session = RunSession(cfg, run_dir, resumed=False)
-    session.bind()
+    session.bind(precision=decided.model_dump(mode="json"))
     _settle_precision(session)
     return session
 
 
 def _settle_precision(session: RunSession) -> None:
-    """The run's precision, decided once: the one run.json records (a resume, on any machine), else
-    decided now (:func:`hybridflow.precision_probe.decide_precision`, before any pool starts) and
-    recorded. ``session.cfg`` then carries it to every pool (``model.resolved_precision``)."""
+    """The run's precision, decided once, at its start: the one run.json records, on any machine
+    (a resume never probes or switches); a run recorded before precisions were (no ``precision``
+    in run.json) gets its configured one, decided now and recorded. ``session.cfg`` then carries it
+    to every pool (``model.resolved_precision``)."""
     from hybridflow.precision import ResolvedPrecision, with_resolved_precision
 
     recorded = session.info.get("precision")

@@ -82,3 +82,27 @@ def test_forced_bf16_on_a_cpu_without_bf16_warns_with_the_slowdown(cfg, monkeypa
     with pytest.warns(RuntimeWarning, match=r"without bf16 instructions.*4\.00x slower"):
         assert probe_mod.decide_precision(forced).name == "bf16-mixed"
     assert probe_mod.decide_precision(cfg).name == "fp32"  # auto on that CPU: the probe says no
+
+
+def test_an_override_of_model_precision_on_resume_keeps_the_recorded_decision(cfg, monkeypatch, capsys):
+    monkeypatch.setattr(probe_mod, "cached_probe", lambda h, i: _figures(2.0))
+    state = open_run(cfg, resume=None)
+    state.dir.write_config(cfg.model_copy(update={"model": cfg.model.model_copy(update={"precision": "fp32"})}))
+    state.close()
+    again = open_run(cfg, resume=state.run_dir)
+    assert resolved_precision(again.cfg).name == "bf16-mixed"
+    assert "never switches precision; keeping bf16-mixed" in capsys.readouterr().err
+    again.close()
+
+
+def test_a_run_recorded_before_precisions_gets_its_configured_one(cfg, monkeypatch):
+    fixed = cfg.model_copy(update={"model": cfg.model.model_copy(update={"precision": "fp32"})})
+    state = open_run(fixed, resume=None)
+    info = json.loads(open(state.dir.run_info_file).read())
+    del info["precision"]
+    open(state.dir.run_info_file, "w").write(json.dumps(info))
+    state.close()
+    again = open_run(fixed, resume=state.run_dir)
+    assert resolved_precision(again.cfg).name == "fp32"
+    assert json.loads(open(state.dir.run_info_file).read())["precision"]["name"] == "fp32"
+    again.close()
