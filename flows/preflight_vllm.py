@@ -99,4 +99,21 @@ def check_vllm(cfg: ExperimentConfig, error: type[Exception]) -> None:
             raise error(problem)
 
 
-__all__ = ["VLLM_CPU_NEEDS", "check_vllm", "cpu_flags", "kv_cache_problem", "missing_cpu_flag"]
+__all__ = ["VLLM_CPU_NEEDS", "check_vllm", "cpu_flags", "kv_cache_problem", "machine_problem", "missing_cpu_flag"]
+
+
+def machine_problem() -> str | None:
+    """Why vLLM's CPU build cannot run on this machine (None: it can, or a CUDA GPU is here)."""
+    import platform
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if sys.platform != "linux":
+        return f"vllm-cpu is built for Linux, this is {sys.platform}"
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"vllm-cpu 0.32.0 is published for x86_64, this CPU is {platform.machine()}"
+    missing = missing_cpu_flag(cpu_flags(), platform.machine())
+    return f"the CPU lacks {missing}, which vllm-cpu 0.32.0 needs" if missing else None

@@ -32,6 +32,7 @@ from hybridflow.layout import CONFIG, RUN_INFO
 
 IDENTITY_KEYS = ("trainer.run_id", "trainer.run_dir", "trainer.resume")
 FREE_KEYS = (*IDENTITY_KEYS, "trainer.resume_fallback")
+RUN_STATE_PREFIX = "model.resolved_precision"  # the run's decision (run.json), never a changed key
 
 
 def config_changes(saved: ExperimentConfig, requested: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
@@ -39,7 +40,7 @@ def config_changes(saved: ExperimentConfig, requested: ExperimentConfig) -> dict
     free keys (:data:`FREE_KEYS`) and a larger ``trainer.total_iterations``."""
     old, new = flatten_config(saved), flatten_config(requested)
     changes = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-               if old.get(k) != new.get(k) and k not in FREE_KEYS}
+               if old.get(k) != new.get(k) and k not in FREE_KEYS and not k.startswith(RUN_STATE_PREFIX)}
     extend = changes.get("trainer.total_iterations")
     if extend is not None and extend[1] > extend[0]:
         del changes["trainer.total_iterations"]

@@ -34,7 +34,9 @@ def open_pools(cfg: ExperimentConfig, roles: Collection[str] | None = None, *, n
     ``checkpoints/`` (a restarted worker restores from it; None: the model path is the weights);
     keep: leave the pools up at exit. Raises PreflightError (the reward function does not load),
     ConfigError (the tools / environment do not load), PoolError / PoolResourceError (a pool cannot be placed or started; the pools created before
-    it are destroyed unless ``keep``).
+    it are destroyed unless ``keep``), PrecisionError (fp16-true on a CPU).
+    Every pool follows one precision: the run's (``model.resolved_precision``, set by the train
+    flow's ``open_run``), else decided here once for all of them.
     """
     from flows.preflight import check_reward_function
     from flows.runtime import ensure_ray
@@ -46,6 +48,11 @@ def open_pools(cfg: ExperimentConfig, roles: Collection[str] | None = None, *, n
         yield {}
         return
     check_user_code(cfg)  # the tools / environment import (ConfigError), before Ray starts
+    if cfg.model.resolved_precision is None:  # a command without a run (evaluate, node run): decide here
+        from hybridflow.precision import with_resolved_precision
+        from hybridflow.precision_probe import decide_precision
+
+        cfg = with_resolved_precision(cfg, decide_precision(cfg))
     if any("reward" in cfg.placement.pools[n].roles for n in names):
         check_reward_function(cfg)
     ensure_ray(cfg)

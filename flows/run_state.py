@@ -214,10 +214,35 @@ def open_run(cfg: ExperimentConfig, *, resume: str | None, flow_run_id: str | No
 
 
 def _create(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
+    from hybridflow.precision_probe import decide_precision
+
+    decided = decide_precision(cfg)  # before the folder exists: a failure leaves no half-made run
     run_dir.create(cfg)
     session = RunSession(cfg, run_dir, resumed=False)
-    session.bind()
+    session.bind(precision=decided.model_dump(mode="json"))
+    _settle_precision(session)
     return session
+
+
+def _settle_precision(session: RunSession) -> None:
+    """The run's precision, decided once, at its start: the one run.json records, on any machine
+    (a resume never probes or switches); a run recorded before precisions were (no ``precision``
+    in run.json) gets its configured one, decided now and recorded. ``session.cfg`` then carries it
+    to every pool (``model.resolved_precision``)."""
+    from hybridflow.precision import ResolvedPrecision, with_resolved_precision
+
+    recorded = session.info.get("precision")
+    if recorded is not None:
+        resolved = ResolvedPrecision.model_validate(recorded)
+        if resolved.requested != session.cfg.model.precision:
+            _warn(f"model.precision={session.cfg.model.precision} but this run decided {resolved.name} "
+                  f"(from {resolved.requested}) at its start: a run never switches precision; keeping {resolved.name}")
+    else:
+        from hybridflow.precision_probe import decide_precision
+
+        resolved = decide_precision(session.cfg)
+        session.bind(precision=resolved.model_dump(mode="json"))
+    session.cfg = with_resolved_precision(session.cfg, resolved)
 
 
 def _recorded_flow_run(run_dir: RunDir) -> str | None:
@@ -237,6 +262,7 @@ def _reopen(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
         update={"total_iterations": max(cfg.trainer.total_iterations, saved.trainer.total_iterations)})})
     session = RunSession(merged, run_dir, resumed=True)
     session.info = run_dir.run_info()
+    _settle_precision(session)
     session.trainer.mlflow_run_id = session.info.get("mlflow_run_id")
     session.restore()
     return session

@@ -8,6 +8,7 @@ state of the token before it (the state the policy acted from), as verl:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 from hybridflow.algorithms import position_ids_from_mask, value_loss
 from hybridflow.batch import Batch, BatchError
 from hybridflow.config import ExperimentConfig
+from hybridflow.precision import ResolvedPrecision, resolved_precision
 from workers import checkpoint as C
 from workers import distributed as D
 from workers.dispatch import dispatch
@@ -35,14 +37,18 @@ from workers.training import (
 CRITIC_DIR, CRITIC_OPTIM_DIR = "critic", "critic_optim"
 
 
-def response_values(model: nn.Module, batch: Batch) -> Tensor:
-    """[B, R] float32 values of the response positions (predecessor hidden states), on the model's device."""
+def response_values(model: nn.Module, batch: Batch, precision: ResolvedPrecision | None = None) -> Tensor:
+    """[B, R] float32 values of the response positions (predecessor hidden states), on the model's device.
+    precision: the run's; under bf16-mixed the forward runs in autocast(bfloat16), the values and the
+    loss after it in float32 (None: no autocast)."""
     device = next(model.parameters()).device
     prompt_len = batch["prompt_ids"].shape[1]
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).to(device)
     attn = attention_mask(batch).to(device)
     pos = batch["position_ids"].to(device) if "position_ids" in batch else position_ids_from_mask(attn)
-    return model(input_ids=ids, attention_mask=attn, position_ids=pos)[:, prompt_len - 1 : -1].float()
+    with precision.autocast(device.type) if precision is not None else nullcontext():
+        values = model(input_ids=ids, attention_mask=attn, position_ids=pos)
+    return values[:, prompt_len - 1 : -1].float()
 
 
 class CriticWorker:
@@ -53,6 +59,7 @@ class CriticWorker:
     def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = torch.device(device)
+        self.precision = resolved_precision(cfg)  # the run's one decision (bf16-mixed: autocast forwards)
         self.module = self._build()
         self.model = D.wrap_for_training(self.module, D.pool_strategy(cfg, "critic"), world_size)
         self.sharded = D.is_fsdp(self.model)
@@ -80,7 +87,7 @@ class CriticWorker:
         """Adds ``values`` [B, R] float32 (0 outside response_mask)."""
         model = self._inference_model
         parts = chunked_inference(model, batch, self.cfg.critic.micro_batch_trajectories,
-                                  lambda chunk: response_values(model, chunk).cpu())
+                                  lambda chunk: response_values(model, chunk, self.precision).cpu())
         out = batch.shallow_copy()
         out.set("values", torch.cat(parts).masked_fill(~batch["response_mask"], 0.0))
         return out
@@ -109,7 +116,7 @@ class CriticWorker:
         )
 
     def _micro_loss(self, model: nn.Module, mb: Batch, plan: Any) -> MicroResult:
-        values = response_values(model, mb)
+        values = response_values(model, mb, self.precision)
         dev = values.device
         loss, m = value_loss(
             values, mb["values"].to(dev), mb["returns"].to(dev), mb["response_mask"].to(dev),

@@ -10,6 +10,7 @@ The chunked head is taken only where it computes what the model's own head does 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Literal
 
 import torch
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 
 from hybridflow.algorithms import entropy_from_logits, log_probs_from_hidden, log_probs_from_logits
 from hybridflow.batch import Batch
+from hybridflow.precision import ResolvedPrecision
 from workers import distributed as D
 from workers import shared_prefix
 
@@ -73,7 +75,7 @@ def resolve_lm_head(model: nn.Module, lm_head: LmHead) -> tuple[nn.Module, nn.Li
 
 def sequence_log_probs(
     model: nn.Module, batch: Batch, *, temperature: float, with_entropy: bool = False, entropy_grad: bool = False,
-    lm_head: LmHead = "full", pack_rows: str = "off",
+    lm_head: LmHead = "full", pack_rows: str = "off", precision: ResolvedPrecision | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens under ``model`` on logits / temperature.
 
@@ -87,11 +89,16 @@ def sequence_log_probs(
     (:func:`resolve_lm_head`), the same numbers up to float rounding without those logits.
     pack_rows: "off" / "auto" / "on", rows packed without padding (:mod:`workers.packed_rows`,
     see :func:`workers.shared_prefix.response_logits`); the same numbers up to float rounding.
+    precision: the run's (:func:`hybridflow.precision.resolved_precision`); under bf16-mixed the
+    model's forward runs in ``autocast(bfloat16)`` while the chunked LM head and the log-softmax
+    stay outside it, in float32 (None: no autocast).
     """
+    autocast = precision.autocast(_device_type(model)) if precision is not None else nullcontext()
     parts = resolve_lm_head(model, lm_head)
     if parts is not None:
         body, head = parts
-        hidden = shared_prefix.response_hidden_states(model, body, batch, pack_rows=pack_rows)  # [B, R, H]
+        with autocast:
+            hidden = shared_prefix.response_hidden_states(model, body, batch, pack_rows=pack_rows)  # [B, R, H]
         labels = batch["response_ids"].to(hidden.device)
         # the head runs on the response tokens only: padding (up to half the positions when response
         # lengths vary) and multi-turn observation tokens are not scored, and hold 0 here
@@ -105,7 +112,8 @@ def sequence_log_probs(
             ent = ent_sel.new_zeros(labels.numel()).index_copy(0, sel, ent_sel if entropy_grad else ent_sel.detach())
             ent = ent.view(labels.shape)
         return lp, ent
-    response_logits = shared_prefix.response_logits(model, batch, pack_rows=pack_rows)
+    with autocast:
+        response_logits = shared_prefix.response_logits(model, batch, pack_rows=pack_rows)
     device = response_logits.device
     log_probs = log_probs_from_logits(response_logits, batch["response_ids"].to(device), temperature=temperature)
     entropy = None
@@ -113,6 +121,10 @@ def sequence_log_probs(
         src = response_logits if entropy_grad else response_logits.detach()
         entropy = entropy_from_logits(src, temperature=temperature)
     return log_probs, entropy
+
+
+def _device_type(model: nn.Module) -> str:
+    return next(model.parameters()).device.type
 
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:

@@ -31,6 +31,7 @@ from hybridflow.algorithms import (
 from hybridflow.algorithms.rollout_correction import IS_MAX
 from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
+from hybridflow.precision import resolved_precision
 from workers import checkpoint as C
 from workers import distributed as D
 from workers import shared_prefix
@@ -88,6 +89,7 @@ class PolicyWorker(Generation, WeightPublisher):
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = torch.device(device)
+        self.precision = resolved_precision(cfg)  # the run's one decision (bf16-mixed: autocast forwards)
         self.strategy = D.pool_strategy(cfg, "policy")
         self.tokenizer = load_tokenizer(cfg.model)
         self.stop_ids = tokenizer_stop_ids(self.tokenizer)
@@ -139,7 +141,8 @@ class PolicyWorker(Generation, WeightPublisher):
 
         def run(chunk: Batch) -> tuple[Tensor, Tensor]:
             lp, ent = sequence_log_probs(self.inference_module, chunk, temperature=temp, with_entropy=True,
-                                         lm_head=self.cfg.actor.lm_head, pack_rows=self.cfg.actor.pack_rows)
+                                         lm_head=self.cfg.actor.lm_head, pack_rows=self.cfg.actor.pack_rows,
+                                         precision=self.precision)
             return lp.float().cpu(), ent.float().cpu()
 
         parts = chunked_inference(self.inference_module, batch, self.cfg.actor.micro_batch_trajectories, run)
@@ -227,7 +230,8 @@ class PolicyWorker(Generation, WeightPublisher):
         bonus = a.entropy_coef != 0
         with_entropy = bonus or plan.rows.start == 0
         lp, ent = sequence_log_probs(model, mb, temperature=self.cfg.rollout.temperature, with_entropy=with_entropy,
-                                     entropy_grad=bonus, lm_head=a.lm_head, pack_rows=a.pack_rows)
+                                     entropy_grad=bonus, lm_head=a.lm_head, pack_rows=a.pack_rows,
+                                     precision=self.precision)
         dev = lp.device
         mask = mb["response_mask"].to(dev)
         if self._gap is not None and self.optim.steps_applied == self._gap_before_step and not self._padding:

@@ -15,6 +15,7 @@ from torch import nn
 
 from hybridflow.batch import Batch
 from hybridflow.config import ExperimentConfig
+from hybridflow.precision import resolved_precision
 from workers.dispatch import dispatch
 from workers.log_probs import sequence_log_probs
 from workers.micro_batches import chunked_inference, disable_dropout
@@ -66,7 +67,8 @@ class ReferenceWorker:
 
         def run(chunk: Batch) -> torch.Tensor:
             return sequence_log_probs(module, chunk, temperature=temp, lm_head=self.cfg.actor.lm_head,
-                                      pack_rows=self.cfg.actor.pack_rows)[0].float().cpu()
+                                      pack_rows=self.cfg.actor.pack_rows,
+                                      precision=resolved_precision(self.cfg))[0].float().cpu()
 
         with ctx:
             parts = chunked_inference(module, batch, self.cfg.reference.micro_batch_trajectories, run)

@@ -24,6 +24,7 @@ import torch
 
 from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
+from hybridflow.precision import resolved_precision
 from workers import distributed as D
 from workers.dispatch import dispatch
 
@@ -66,7 +67,7 @@ class RewardWorker:
             from hybridflow.models import RewardModelScorer
 
             self.reward_model = RewardModelScorer.from_config(
-                cfg.reward.model, dtype=cfg.model.dtype, device=device, seed=cfg.trainer.seed
+                cfg.reward.model, dtype=resolved_precision(cfg).param_dtype, device=device, seed=cfg.trainer.seed
             )
 
     def close(self) -> None:

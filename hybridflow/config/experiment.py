@@ -46,6 +46,7 @@ from hybridflow.config.tracking import (
 from hybridflow.config.trainer import (
     TrainerConfig,
 )
+from hybridflow.precision import run_device_type
 
 
 class ExperimentConfig(_Section):
@@ -84,11 +85,19 @@ class ExperimentConfig(_Section):
     def old_log_probs_from_rollout(self) -> bool:
         """True when old_log_probs are the rollout engine's log-probs (no recompute forward)."""
         if self.actor.old_log_probs == "auto":
-            # a correction, or a separate rollout pool (behaviour log-probs), needs the trainer's own
-            needs_proximal = self.actor.rollout_correction != "none" or self.uses_rollout_pool
-            same_numbers = self.rollout.engine == "hf" and self.rollout_dtype == self.model.dtype
+            # a correction, or a separate rollout pool (behaviour log-probs), needs the trainer's own;
+            # so does bf16-mixed (the trainer's forward runs under autocast, the hf engine's does not),
+            # and another engine or dtype (other numbers)
+            needs_proximal = self.actor.rollout_correction != "none" or self.uses_rollout_pool or self._mixed
+            same_numbers = self.rollout.engine == "hf" and self.rollout_dtype == self._param_dtype
             return same_numbers and not needs_proximal
         return self.actor.old_log_probs == "rollout"
+
+    @property
+    def _mixed(self) -> bool:
+        """The run trains under bf16-mixed (the driver's decision, else the configured name)."""
+        decided = self.model.resolved_precision
+        return (decided.name if decided is not None else self.model.precision) == "bf16-mixed"
 
     # ---- renamed keys --------------------------------------------------------------------------
     @model_validator(mode="before")
@@ -154,22 +163,27 @@ class ExperimentConfig(_Section):
                 f"actor.behav_weight_cap is set but actor.rollout_correction={corr}: the cap applies to "
                 "rollout_correction=decoupled only"
             )
+        if self.model.precision == "fp16-true" and run_device_type(self) == "cpu":
+            raise ValueError(f"model.precision=fp16-true (model.dtype: float16) is not supported on CPU "
+                             f"(trainer.device={self.trainer.device}, no pool with GPUs): use model.precision: "
+                             "fp32, bf16-mixed or auto")
         self._check_rollout_engine()
         return self
 
     def _check_rollout_engine(self) -> None:
         """The hf engine generates on the trainer's own module (so in its dtype); what vLLM's CPU build
         cannot do (docs/engines.md): tensor parallelism, float16."""
-        if self.rollout.engine == "hf" and self.rollout_dtype != self.model.dtype:
-            raise ValueError(f"rollout.dtype={self.rollout.dtype} differs from model.dtype={self.model.dtype}: the hf "
-                             "engine generates on the trainer's module; drop rollout.dtype or use rollout.engine=vllm")
+        if self.rollout.engine == "hf" and self.rollout_dtype != self._param_dtype:
+            raise ValueError(f"rollout.dtype={self.rollout.dtype} differs from the model's parameters "
+                             f"({self._param_dtype}, model.precision={self.model.precision}): the hf engine generates "
+                             "on the trainer's module; drop rollout.dtype or use rollout.engine=vllm")
         if self.rollout.engine != "vllm" or self.trainer.device != "cpu":
             return
         if self.rollout.tensor_parallel_size > 1:
             raise ValueError(f"rollout.tensor_parallel_size={self.rollout.tensor_parallel_size}: vLLM on a CPU "
                              "(trainer.device=cpu) runs one process per engine; use 1")
         if self.rollout_dtype == "float16":
-            raise ValueError("rollout.dtype=float16 (or model.dtype=float16) with rollout.engine=vllm on a CPU: "
+            raise ValueError("rollout.dtype=float16 (or model.precision=fp16-true) with rollout.engine=vllm on a CPU: "
                              "vLLM's CPU build generates in float32 or bfloat16")
 
     @property
@@ -182,8 +196,15 @@ class ExperimentConfig(_Section):
 
     @property
     def rollout_dtype(self) -> str:
-        """The dtype the rollout engine generates in: ``rollout.dtype``, else the model's."""
-        return self.rollout.dtype or self.model.dtype
+        """The dtype the rollout engine generates in: ``rollout.dtype``, else the model's parameters'."""
+        return self.rollout.dtype or self._param_dtype
+
+    @property
+    def _param_dtype(self) -> str:
+        """The trainer's parameter dtype name (the resolved precision's)."""
+        from hybridflow.precision import model_precision
+
+        return model_precision(self.model).param_dtype
 
     def _check_rollout_pool(self) -> None:
         """Asynchronous training needs the rollout role in a pool of its own (issue 20)."""

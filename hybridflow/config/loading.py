@@ -133,5 +133,6 @@ def flatten_config(cfg: BaseModel, prefix: str = "") -> dict[str, Any]:
 
 
 def dump_config(cfg: ExperimentConfig) -> str:
-    """The fully resolved config as YAML (round-trips through load_config)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """The fully resolved config as YAML (round-trips through load_config). The run's precision
+    decision (``model.resolved_precision``) is run state, not config: it is left out."""
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude={"model": {"resolved_precision"}}), sort_keys=False)

@@ -11,6 +11,7 @@ from hybridflow.config import ModelConfig
 from hybridflow.models.gguf import materialize_gguf
 from hybridflow.models.resolve import ResolvedModel, resolve_model_path
 from hybridflow.models.tiny import TINY_MAX_POSITIONS, build_tiny_model, build_tiny_tokenizer
+from hybridflow.precision import model_precision
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tokens that end a turn in common chat formats; each is a stop when the vocabulary has it.
@@ -100,8 +101,24 @@ def context_length(model_cfg: ModelConfig) -> int | None:
     return None
 
 
+def model_widths(model_cfg: ModelConfig) -> tuple[int, int]:
+    """(hidden_size, intermediate_size) of the policy from its config alone, no weights (the
+    precision probe's widths). "tiny": (tiny_hidden_size, 2 × that). A config without
+    ``intermediate_size`` gives 4 × hidden."""
+    resolved = resolve_model_path(model_cfg.path)
+    if resolved.kind == "tiny":
+        return model_cfg.tiny_hidden_size, 2 * model_cfg.tiny_hidden_size
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(hf_folder(resolved))
+    config = getattr(config, "text_config", None) or config  # multimodal wrappers
+    hidden = int(config.hidden_size)
+    return hidden, int(getattr(config, "intermediate_size", None) or 4 * hidden)
+
+
 def load_causal_lm(model_cfg: ModelConfig, *, device: str | torch.device = "cpu", seed: int = 0) -> PreTrainedModel:
-    """The policy model in ``model_cfg.dtype`` on ``device``, in train mode.
+    """The policy model in the run's parameter dtype (:func:`hybridflow.precision.model_precision`:
+    float32 for fp32 and bf16-mixed, bfloat16 for bf16-true) on ``device``, in train mode.
 
     "tiny": a random Llama sized by ``tiny_hidden_size`` / ``tiny_layers`` over the tiny
     tokenizer's vocabulary, initialised from ``seed``. GGUF (a .gguf path or
@@ -112,7 +129,7 @@ def load_causal_lm(model_cfg: ModelConfig, *, device: str | torch.device = "cpu"
     Raises ModelNotFoundError / ValueError from :func:`resolve_model_path`.
     """
     resolved = resolve_model_path(model_cfg.path)
-    dtype = torch_dtype(model_cfg.dtype)
+    dtype = model_precision(model_cfg).torch_param_dtype()
     if resolved.kind == "tiny":
         vocab = len(build_tiny_tokenizer())
         model = build_tiny_model(vocab, hidden_size=model_cfg.tiny_hidden_size, layers=model_cfg.tiny_layers, seed=seed)

@@ -11,7 +11,8 @@ from transformers import AutoModel, PreTrainedModel
 
 from hybridflow.config import ModelConfig
 from hybridflow.models.fsutil import OnExists, atomic_directory
-from hybridflow.models.loading import load_causal_lm, torch_dtype
+from hybridflow.models.loading import load_causal_lm
+from hybridflow.precision import model_precision
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -72,7 +73,7 @@ def load_value_model(
     path = critic_path or model_cfg.path
     p = Path(path).expanduser()
     if (p / VALUE_HEAD_FILE).is_file():
-        backbone = AutoModel.from_pretrained(p, dtype=torch_dtype(model_cfg.dtype))
+        backbone = AutoModel.from_pretrained(p, dtype=model_precision(model_cfg).torch_param_dtype())
         model = ValueModel(backbone, seed=seed)
         model.value_head.load_state_dict(load_file(p / VALUE_HEAD_FILE))
     else:

@@ -101,6 +101,17 @@ def test_train_smoke(tmp_path):
     assert "update_policy" in train.render(res)
 
 
+def test_train_smoke_bf16_mixed(tmp_path):
+    out = tmp_path / "train.json"
+    argv = ["--model", "tiny", "--micro", "2", "--seq", "8", "--steps", "1", "--repeats", "1", "--probe-size", "64",
+            "--precision", "bf16-mixed", "--out", str(out), "--no-docs"]
+    assert train.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert res["precision"]["name"] == "bf16-mixed" and res["bf16_peak_alongside_gflops"]["median"] > 0
+    assert res["hybridflow"]["mfu_vs_bf16_peak_alongside"] > 0
+    assert "MFU vs bf16 peak alongside" in train.render(res) and "bfloat16 median" in train.render(res)
+
+
 def test_finished_rows_smoke(tmp_path):
     from bench import finished_rows
 

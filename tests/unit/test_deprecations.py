@@ -77,6 +77,14 @@ def test_prompts_per_step_config_key():
         assert load_config(None, ["data.prompts_per_step=4"]).data.prompts_per_iteration == 4
 
 
+def test_model_dtype_config_key():
+    from hybridflow.config import load_config
+
+    with pytest.warns(FutureWarning, match=f"config key model.dtype is deprecated and {REMOVED}; "
+                                           "use model.precision: bf16-true"):
+        assert load_config(None, ["model.dtype=bfloat16"]).model.precision == "bf16-true"
+
+
 def test_builtin_nodes():
     from flows.iteration import builtin_dataflow, builtin_nodes
 

@@ -209,11 +209,13 @@ class VLLMRolloutEngine:
         ``model`` (the trainer's module) is not used here: vLLM loads its own copy, and the
         trainer's weights arrive through :meth:`load_weights`. ``device``: None or a CPU device =
         vLLM's CPU build (settings in workers/rollout/vllm_settings.py); a CUDA device = the GPU
-        wheel. ``dtype``: the rollout dtype (None: ``rollout_cfg.dtype``, else ``model_cfg.dtype``).
+        wheel. ``dtype``: the rollout dtype (None: ``rollout_cfg.dtype``, else the model's parameter dtype).
         ``max_model_len``: the longest sequence (None: ``rollout_cfg.max_model_len``, else the model's
         context). Sets the process
         environment vLLM reads (in-process engine core; no thread pinning on a CPU) first.
         """
+        from hybridflow.precision import model_precision
+
         on_cpu = device is None or torch.device(device).type == "cpu"
         os.environ.update(vllm_process_env(on_cpu=on_cpu))
         from vllm import LLM  # lazy: the vLLM runtime (make setup-vllm)
@@ -221,7 +223,7 @@ class VLLMRolloutEngine:
         sleep_mode = sleep_mode_available()
         kwargs = vllm_llm_kwargs(
             folder=model_folder(model_cfg), model_cfg=model_cfg, rollout_cfg=rollout_cfg,
-            dtype=dtype or rollout_cfg.dtype or model_cfg.dtype, on_cpu=on_cpu, sleep_mode=sleep_mode, seed=seed,
+            dtype=dtype or rollout_cfg.dtype or model_precision(model_cfg).param_dtype, on_cpu=on_cpu, sleep_mode=sleep_mode, seed=seed,
             max_model_len=max_model_len or rollout_cfg.max_model_len,
         )
         return cls(LLM(**kwargs), pad_token_id=tokenizer.pad_token_id, sleep_mode=sleep_mode)
