@@ -133,24 +133,39 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
 
 
 class LogprobGap:
-    """|trainer − rollout| log-prob statistics over response tokens (``rollout/logprob_diff_*``):
-    :meth:`add` per chunk on this rank, :meth:`metrics` reduces over ranks (collective)."""
+    """Trainer vs rollout numbers over response tokens: |trainer − rollout| log-probs
+    (``rollout/logprob_diff_max`` / ``_mean``) and verl's probability gap |p_rollout − p_trainer|
+    (``training/rollout_probs_diff_mean`` / ``_max`` / ``_std``, as verl's
+    ``compute_rollout_correction_and_add_to_batch`` reports it). :meth:`add` per chunk on this
+    rank, :meth:`metrics` reduces over ranks (collective)."""
 
     def __init__(self) -> None:
         self.total, self.tokens, self.max = 0.0, 0.0, 0.0
+        self.p_total, self.p_squares, self.p_max = 0.0, 0.0, 0.0
 
     def add(self, log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor) -> None:
         """log_probs / rollout_log_probs [B, R] nats, mask [B, R] bool (True = response token)."""
         mask = mask.to(log_probs.device)
-        diff = (log_probs.detach().float() - rollout_log_probs.to(log_probs.device)).abs().masked_fill(~mask, 0.0)
+        trainer, rollout = log_probs.detach().float(), rollout_log_probs.to(log_probs.device).float()
+        diff = (trainer - rollout).abs().masked_fill(~mask, 0.0)
+        p_diff = (trainer.exp() - rollout.exp()).abs().masked_fill(~mask, 0.0)
         self.total += float(diff.sum())
         self.tokens += float(mask.sum())
         self.max = max(self.max, float(diff.max()) if diff.numel() else 0.0)
+        self.p_total += float(p_diff.sum())
+        self.p_squares += float(p_diff.double().square().sum())
+        self.p_max = max(self.p_max, float(p_diff.max()) if p_diff.numel() else 0.0)
 
     def metrics(self) -> dict[str, float]:
-        tot = D.all_reduce_sum(torch.tensor([self.total, self.tokens], dtype=torch.float64)).tolist()
-        mx = D.all_reduce_max(torch.tensor([self.max], dtype=torch.float64)).tolist()
-        return {"rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": tot[0] / max(tot[1], 1.0)}
+        sums = [self.total, self.tokens, self.p_total, self.p_squares]
+        tot = D.all_reduce_sum(torch.tensor(sums, dtype=torch.float64)).tolist()
+        mx = D.all_reduce_max(torch.tensor([self.max, self.p_max], dtype=torch.float64)).tolist()
+        n = max(tot[1], 1.0)
+        p_mean = tot[2] / n
+        p_var = max(tot[3] / n - p_mean * p_mean, 0.0)
+        return {"rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": tot[0] / n,
+                "training/rollout_probs_diff_mean": p_mean, "training/rollout_probs_diff_max": mx[1],
+                "training/rollout_probs_diff_std": p_var**0.5}
 
 
 __all__ = ["LmHead", "LogprobGap", "accepts_logits_to_keep", "chunked_head_of", "resolve_lm_head", "sequence_log_probs"]

@@ -210,6 +210,8 @@ class FakeWorker:
 
     loaded: list[str] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
+    model_runner: Any = field(default_factory=lambda: types.SimpleNamespace(
+        model=types.SimpleNamespace(config=types.SimpleNamespace(tie_word_embeddings=False))))
 
     def reload_weights(self, weights_iterator=None, is_checkpoint_format=True):
         assert is_checkpoint_format
@@ -237,7 +239,9 @@ class FakeLLM:
         return outs
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        assert isinstance(method, str), "the CPU build's in-place reload is called by name"
+        if callable(method):  # a function run on each worker (re-tying the LM head)
+            self.calls.append(("collective_rpc", method.__name__))
+            return [method(self.worker, *args, **(kwargs or {}))]
         self.calls.append(("collective_rpc", method))
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
@@ -356,10 +360,12 @@ def test_generate_sleep_and_weight_sync_sequence(fake_vllm):
         "wake_up",  # weights first, so the sync writes into resident memory
         "collective_rpc",  # embeddings + final norm (lm_head is tied)
         "collective_rpc",  # the decoder layers, whole
+        "collective_rpc",  # re-tie the LM head to the new embedding (a no-op for an untied model)
         "wake_up",  # then the KV cache
         "reset_prefix_cache",  # cached prefixes were computed with the old weights
     ]
-    assert llm.calls[2] == ("wake_up", ["weights"]) and llm.calls[5] == ("wake_up", ["kv_cache"])
+    assert llm.calls[2] == ("wake_up", ["weights"]) and llm.calls[6] == ("wake_up", ["kv_cache"])
+    assert llm.calls[5] == ("collective_rpc", "retie_lm_head_on_worker")
     assert llm.calls[3] == ("collective_rpc", "reload_weights")
     assert not engine.sleeping
 

@@ -66,6 +66,11 @@ def test_rollout_log_probs_agree_with_recomputed(cfg):
     diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
     assert diff.max() < 1e-4
     assert batch.meta["metrics"]["rollout/logprob_diff_max"] == pytest.approx(float(diff.max()), abs=1e-9)
+    p_diff = (batch["rollout_log_probs"].exp() - batch["old_log_probs"].exp()).abs()[mask].double()
+    m = batch.meta["metrics"]  # verl's names for |p_rollout - p_trainer|
+    assert m["training/rollout_probs_diff_max"] == pytest.approx(float(p_diff.max()), abs=1e-9)
+    assert m["training/rollout_probs_diff_mean"] == pytest.approx(float(p_diff.mean()), abs=1e-9)
+    assert m["training/rollout_probs_diff_std"] == pytest.approx(float(p_diff.std(unbiased=False)), abs=1e-6)
     assert (batch["old_log_probs"][mask] < 0).all() and (batch["old_log_probs"][~mask] == 0).all()
     assert 0 < batch.meta["metrics"]["actor/entropy"] <= torch.log(torch.tensor(100.0)).item()
 

@@ -135,6 +135,27 @@ def reload_weights_rpc(llm: Any, bucket: list[tuple[str, Tensor]]) -> None:
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket, "is_checkpoint_format": True})
 
 
+def retie_lm_head_on_worker(worker: Any) -> bool:
+    """Runs in each vLLM worker after a reload: with tied embeddings, point the LM head at the new
+    embedding weight and re-run its post-load processing. Returns whether the model ties them.
+
+    Why: the reload re-processes only the layers it loaded. A tied LM head is a module of its own
+    whose weight is the embedding's; on a CPU its processing made a packed copy for the logits
+    GEMM (vllm ``dispatch_cpu_unquantized_gemm``), which the reload of ``embed_tokens`` leaves
+    stale: logits from the old embedding (found by tests/vllm: log-prob error 25 after a random
+    perturbation of the embedding; a constant shift does not show it, softmax ignores it).
+    """
+    model = worker.model_runner.model
+    config = getattr(model, "config", None)
+    head, inner = getattr(model, "lm_head", None), getattr(model, "model", None)
+    embed = getattr(inner, "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None:
+        return False
+    head.weight = embed.weight
+    head.quant_method.process_weights_after_loading(head)
+    return True
+
+
 def model_folder(model_cfg: Any) -> str:
     """The HF folder vLLM loads: ``model.path`` itself (a GGUF's cached safetensors copy), or for
     "tiny" the random model and char tokenizer saved into a temporary folder (the trainer's weights
@@ -255,6 +276,7 @@ class VLLMRolloutEngine:
             self.llm.wake_up(tags=["weights"])
         for bucket in weight_buckets(items, self.bucket_bytes):
             reload_weights_rpc(self.llm, bucket)
+        self.llm.collective_rpc(retie_lm_head_on_worker)
         if was_sleeping:
             self.llm.wake_up(tags=["kv_cache"])
             self.sleeping = False
