@@ -1,6 +1,7 @@
 """Generation throughput: the ``hf`` rollout engine against a bare transformers ``generate`` loop.
 
     hybridflow bench rollout [--batches 1,8,64] [--lengths 64,256] [--repeats 3] [--model PATH]
+    hybridflow bench rollout --engine vllm ...   (vLLM against the hf engine: bench/rollout_vllm.py)
 
 Both sides generate from the same left-padded chat prompts with the same model object in one
 process, sampling at temperature 1 with no top-k/top-p and no stop token, so every row makes
@@ -202,7 +203,18 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    known, rest = engine.parse_known_args(argv)
+    if known.engine == "vllm":  # vLLM against the hf engine, in the vLLM runtime (bench/rollout_vllm.py)
+        from bench import rollout_vllm
+
+        return rollout_vllm.main(rest)
+    argv = rest
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="hf: the hf engine against bare generate (this); vllm: vLLM against the hf engine")
     p.add_argument("--model", default=common.DEMO_MODEL, help="model.path (default: the demo model)")
     p.add_argument("--batches", type=_ints, default=[1, 8, 64], help="comma-separated batch sizes")
     p.add_argument("--lengths", type=_ints, default=[64, 256], help="comma-separated response lengths")
