@@ -88,15 +88,15 @@ def check_vllm(cfg: ExperimentConfig, error: type[Exception]) -> None:
             raise error("rollout.dtype=float16 with rollout.engine=vllm on a CPU: vLLM's CPU build generates "
                         "in float32 or bfloat16")
     model_config = _model_config(cfg)
+    if on_cpu:
+        problem = kv_cache_problem(cfg, model_config, psutil.virtual_memory().available)
+        if problem:
+            raise error(problem)
     archs = list(getattr(model_config, "architectures", None) or ["LlamaForCausalLM"])
     try:
         check_vllm_runtime(architecture=archs[0])
     except VLLMRuntimeError as e:
         raise error(str(e)) from None
-    if on_cpu:
-        problem = kv_cache_problem(cfg, model_config, psutil.virtual_memory().available)
-        if problem:
-            raise error(problem)
 
 
 __all__ = ["VLLM_CPU_NEEDS", "check_vllm", "cpu_flags", "kv_cache_problem", "machine_problem", "missing_cpu_flag"]

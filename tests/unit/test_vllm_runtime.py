@@ -82,15 +82,20 @@ def test_kv_cache_too_small_or_larger_than_free_ram():
     assert missing_cpu_flag({"avx2", "avx512f"}, "x86_64") is None
 
 
-def test_train_without_the_runtime_is_one_line_rc_2_and_starts_nothing(tmp_path):
+@pytest.mark.parametrize("extra, says", [
+    ([], "make setup-vllm"),  # no runtime at HYBRIDFLOW_VLLM_PYTHON
+    (["rollout.kv_cache_gib=0.00001"], "holds less than one sequence of 448 tokens"),
+    (["rollout.kv_cache_gib=100000"], "more than the free RAM"),
+])
+def test_bad_vllm_input_is_one_line_rc_2_and_starts_nothing(tmp_path, extra, says):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HYBRIDFLOW_VLLM_PYTHON": str(tmp_path / "none" / "python")}
     env.pop("RAY_ADDRESS", None)
     script = Path(sys.executable).with_name("hybridflow")
     proc = subprocess.run([str(script), "train", "-c", str(ROOT / "examples" / "grpo_arith_vllm.yaml"),
                            "model.path=tiny", "model.tiny_hidden_size=128", "data.max_prompt_tokens=400",
-                           "data.train_files=[x.parquet]", "data.val_files=[x.parquet]"],
+                           "data.train_files=[x.parquet]", "data.val_files=[x.parquet]", *extra],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert len(lines) == 1 and "make setup-vllm" in lines[0], lines
+    assert len(lines) == 1 and says in lines[0], lines
     assert not (tmp_path / "runs" / ".prefect").exists() and not (tmp_path / "mlflow.db").exists()
