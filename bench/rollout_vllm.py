@@ -73,7 +73,7 @@ def measure(model_path: str, batches: list[int], lengths: list[int], repeats: in
         vllm = _vllm_engine(model_path, tok, dtype, int(prompts[0].shape[1]) + max(lengths) + 8)
         vllm.load_weights(model.named_parameters())  # the trainer's weights, as a sync brings them
         engines = {f"vllm_{dtype}": vllm, "hf_float32": hf}
-        for name, e in engines.items():  # warm-up (allocations, kernels)
+        for e in engines.values():  # warm-up (allocations, kernels)
             engine_generate(e, prompts[0][:2], prompts[1][:2], 4, 0)
         for b in batches:
             for n in lengths:

@@ -147,14 +147,11 @@ def test_reward_model_path_that_does_not_exist(tmp_path, capsys, no_servers, goo
     assert f"reward.model.path={str(missing)!r}" in err and "does not exist" in err
 
 
-def test_vllm_engine_without_vllm_installed(tmp_path, capsys, no_servers, good_data, monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+def test_vllm_engine_without_the_vllm_runtime(tmp_path, capsys, no_servers, good_data, monkeypatch):
+    monkeypatch.setenv("HYBRIDFLOW_VLLM_PYTHON", str(tmp_path / "no-runtime" / "bin" / "python"))
     code, err = run_cli(args_for(tmp_path, good_data, **{"rollout.engine": "vllm", "trainer.device": "auto"}), capsys)
     assert code == 2
-    assert "rollout.engine='vllm' needs the vllm package" in err and "rollout.engine=hf" in err
+    assert "rollout.engine=vllm needs the vLLM runtime" in err and "make setup-vllm" in err
 
 
 def test_reward_function_that_does_not_import(tmp_path, capsys, no_servers, good_data):

@@ -75,7 +75,9 @@ def test_separate_rollout_pool_on_vllm_trains_two_iterations(workdir):
     metrics = _metrics(workdir / "runs" / "async")
     assert len(metrics) == 2
     assert all(m["timing_s/weight_sync"] > 0 and m["perf/weight_sync_bytes"] > 0 for m in metrics)
-    assert all(m["rollout/logprob_diff_max"] < 1e-3 for m in metrics)
+    # iteration 1 was generated on the weights the trainer recomputes with; iteration 2 one version behind
+    # (one-step off-policy at lr 1e-2: a large gap is expected there, and is what rollout_correction handles)
+    assert metrics[0]["rollout/logprob_diff_max"] < 1e-3
 
 
 def test_bfloat16_rollouts_train_and_report_the_gap(workdir):
