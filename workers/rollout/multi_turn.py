@@ -260,7 +260,8 @@ class MultiTurnRollout:
     def _reset_request(self, t: Trajectory, row: dict[str, Any]) -> EnvCall:
         if t.env == TOOLS_ENVIRONMENT:
             kwargs = {"tools": list(self.cfg.tools), "tool_format": self.mt.tool_format,
-                      "python_timeout_s": max(0.5, 0.75 * self.mt.tool_timeout_s)}  # fmt: skip
+                      "python_timeout_s": max(0.5, 0.75 * self.mt.tool_timeout_s),
+                      "sandbox_walls": self.mt.sandbox_walls, "sandbox_disk_mb": self.mt.sandbox_disk_mb}  # fmt: skip
         else:
             kwargs = dict((row.get("extra_info") or {}).get("env_kwargs", {}))
         return EnvCall.reset(t.env, kwargs, row)
@@ -311,7 +312,8 @@ def _with_system(messages: list[dict[str, Any]], text: str | None) -> list[dict[
 def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> dict[str, float]:
     """multi_turn/num_turns/{mean,max}, multi_turn/finish/<reason> (fractions), tool/calls/mean,
     tool/<name>/calls (for ``tool_names``), tool/errors, tool/timeouts, tool/parse_errors (counts),
-    env/errors, response_length/observation_tokens/mean — over the trajectories of every rank
+    env/errors, response_length/observation_tokens/mean, sandbox/walls (1/0: whether the ``python``
+    tool's sandbox has its walls here; only with that tool) — over the trajectories of every rank
     (summed / maxed across a data-parallel group, like the policy's other generation metrics)."""
     from workers import distributed as D
 
@@ -340,6 +342,10 @@ def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> d
         out[f"multi_turn/finish/{reason}"] = sums[7 + i] / n
     for i, name in enumerate(tool_names):
         out[f"tool/{name}/calls"] = sums[7 + len(reasons) + i]
+    if "python" in tool_names:
+        from hybridflow.rewards.sandbox import walls_check
+
+        out["sandbox/walls"] = float(walls_check().available)
     return out
 
 __all__ = ["MultiTurnRollout", "MultiTurnOutput", "Trajectory", "multi_turn_metrics", "TRUNCATION_MARKER"]
