@@ -241,11 +241,18 @@ def check_data_decodable(key: str, files: list[str], on_bad_row: str) -> None:
 
 # ---- disk ------------------------------------------------------------------------------------
 def checkpoint_bytes(cfg: ExperimentConfig, parameters: int | None) -> int:
-    """One checkpoint: each trained model's weights in ``model.dtype`` plus two float32 optimizer
+    """One checkpoint: each trained model's weights in the run's parameter dtype
+    (:func:`hybridflow.precision.resolved_precision`) plus two float32 optimizer
     moments per parameter (the critic, when there is one, counted like the policy)."""
+    from hybridflow.precision import resolved_precision
+
     if not parameters:
         return 0
-    per_model = parameters * (_DTYPE_BYTES.get(cfg.model.dtype, 4) + _ADAM_BYTES)
+    try:
+        weight_bytes = _DTYPE_BYTES[resolved_precision(cfg).param_dtype]
+    except (ValueError, KeyError):  # a precision the config refuses elsewhere: count float32
+        weight_bytes = 4
+    per_model = parameters * (weight_bytes + _ADAM_BYTES)
     return per_model * (2 if cfg.needs_critic else 1)
 
 
