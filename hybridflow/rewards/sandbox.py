@@ -122,6 +122,7 @@ if disk_mb > 0:
     for i, wall in enumerate(walls):
         os.mkdir(f"walls/w{i}")
         os.chmod(f"walls/w{i}", 0o1777)
+        os.makedirs(wall, exist_ok=True)  # a wall inside an earlier one (TMPDIR=/tmp/x) is made in its stand-in
         mount(f"walls/w{i}", wall, None, MS_BIND, None)
     if not os.path.isdir(folder):  # a wall covered the sandbox's own folder: bind it back under the wall
         os.makedirs(folder, 0o711)
