@@ -172,6 +172,9 @@ def evaluate(
     """
     target, cfg = plan_evaluation(run_dir, checkpoint, data_files, model, config_path, overrides,
                                   samples_per_prompt, temperature, max_prompts)
+    from flows.preflight_inputs import preflight_eval
+
+    preflight_eval(target, cfg)  # a deployment's flow run (no CLI) fails here, before any pool starts
     logger = get_run_logger()
     if samples_per_prompt > 1 and temperature == 0:
         logger.warning("%d samples per prompt at temperature 0 are identical: pass@k = mean@k", samples_per_prompt)

@@ -173,6 +173,10 @@ def run_node(run_dir: str, name: str, iteration: int, overrides: list[str] | Non
     namespace = namespace_for(f"{root.name}-node-{name}-{uuid.uuid4().hex[:6]}")
     run = RunContext(root.name, str(root), iteration, namespace, cfg.trainer.seed, run_cfg.model_dump(mode="json"))
     inputs = gather_inputs(df, name, run, cfg, use_debug=use_debug_inputs)
+    if roles:  # a pool will load the model: its files first (flows/preflight_inputs.py)
+        from flows.preflight_inputs import check_inputs
+
+        check_inputs(run_cfg, data_files=[], checkpoints=False, prefect=False)
     with open_pools(run_cfg, roles, namespace=namespace):  # only node-debug holds the roles; none: no Ray
         start = time.perf_counter()
         result = _save_output(run, output, df.node(name).fn(run, **inputs))

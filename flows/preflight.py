@@ -17,6 +17,8 @@ key, the value and what is wrong:
   ``min_samples_per_prompt=2``) with ``rollout.samples_per_prompt=1``;
 - ``rollout.tools`` / ``rollout.environment`` do not import or do not fit the multi-turn settings
   (:func:`hybridflow.agents.checks.check_user_code`; not part of config validation);
+- the model's config, weights or tokenizer, the data's encoding or the run folder's free space
+  (:mod:`flows.preflight_inputs`);
 - ``reward.function`` does not import (loaded in a throw-away reward process, as the reward
   pool will load it, so an import that crashes cannot take the caller down).
 
@@ -253,6 +255,9 @@ def preflight_run(cfg: ExperimentConfig, resume: str | None, warn: Any = print) 
     from hybridflow.config import load_config
 
     if resume:
+        from flows.preflight_inputs import check_resume_files
+
+        check_resume_files(resume)
         check_resume_folder(resume, cfg, warn=warn)
     report = preflight(load_config(Path(resume) / CONFIG) if resume else cfg)
     return int(report.get("data/train_skipped_rows", 0) + report.get("data/val_skipped_rows", 0))
@@ -260,11 +265,13 @@ def preflight_run(cfg: ExperimentConfig, resume: str | None, warn: Any = print) 
 
 def preflight(cfg: ExperimentConfig) -> dict[str, float]:
     """Every check above, cheapest first. Returns the data report (counts of skipped rows...)."""
+    from flows.preflight_inputs import check_inputs
     from hybridflow.agents.checks import check_user_code
 
     check_run_dir(cfg)
     check_engine(cfg)
     check_user_code(cfg)  # imports the user's tools / environment (a ConfigError, one line)
+    check_inputs(cfg)  # model files, data encoding, free space (flows/preflight_inputs.py)
     data = load_datasets(cfg)
     check_reward_function(cfg)
     return data.report

@@ -104,9 +104,11 @@ class RunSession:
     # ---- data ----
     def _load_data(self) -> None:
         from flows.preflight import load_datasets
+        from flows.preflight_inputs import check_inputs
         from hybridflow.data import PromptSampler
 
         cfg = self.cfg
+        check_inputs(cfg)  # a deployment's flow run (no CLI preflight) fails here, before any pool starts
         data = load_datasets(cfg)  # PreflightError naming key, file, row, value
         self.tokenizer, self.train_set, self.val_set = data.tokenizer, data.train_set, data.val_set
         self.data_report, self.data_skip_reasons = data.report, data.skip_reasons

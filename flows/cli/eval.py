@@ -84,12 +84,16 @@ def print_table(summary: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flows.eval_plan import plan_evaluation
+    from flows.preflight_inputs import preflight_eval
 
     try:
         kwargs = flow_kwargs(args)
-        _, cfg = plan_evaluation(**kwargs)  # fails here, before any service starts
+        if args.temperature is not None:
+            kwargs["temperature"] = args.temperature  # checked with the plan (a negative one is refused)
+        target, cfg = plan_evaluation(**kwargs)  # fails here, before any service starts
+        preflight_eval(target, cfg)  # model files, data encoding, the eval folder's free space
     except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
+        print(e if str(e).startswith(("error:", "config error:")) else f"error: {e}", file=sys.stderr)
         return 2
     kwargs["temperature"] = args.temperature if args.temperature is not None else (
         0.0 if args.samples == 1 else cfg.rollout.temperature)

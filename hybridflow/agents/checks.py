@@ -42,6 +42,11 @@ def check_rollout_agents(rollout_cfg: Any, plugins: list[str] | tuple[str, ...] 
             if mt.tool_format == "python" and "python" not in tools:
                 raise AgentLoadError("rollout.multi_turn.tool_format='python' runs code blocks with the 'python' "
                                      "tool: add 'python' to rollout.tools")  # fmt: skip
+            if "python" in tools:
+                from hybridflow.agents.tools import python_tool_walls_problem
+
+                if (problem := python_tool_walls_problem(mt.sandbox_walls)) is not None:
+                    raise AgentLoadError(f"rollout.tools: {problem}")
         elif rollout_cfg.tools:
             raise AgentLoadError(
                 f"rollout.tools is set but rollout.environment={spec!r} does not use it "

@@ -88,16 +88,18 @@ class ToolEnvironment:
     """The tools form as an environment: each assistant turn's tool calls are run and their
     results come back as ``tool`` messages; a turn without a call ends the trajectory (done).
 
-    tools: the ``rollout.tools`` specs; tool_format: a registered format name; python_timeout_s:
-    the built-in ``python`` tool's limit. Malformed calls, unknown tools and tools that raise give
+    tools: the ``rollout.tools`` specs; tool_format: a registered format name; python_timeout_s,
+    sandbox_walls, sandbox_disk_mb: the built-in ``python`` tool's limits (``rollout.multi_turn``). Malformed calls, unknown tools and tools that raise give
     an error observation (counted in info: parse_errors, tool_errors; calls per tool in tool_calls).
     Reward is always None (the rule reward scores the final answer).
     """
 
-    def __init__(self, tools: list[str], tool_format: str = "hermes", python_timeout_s: float = 5.0) -> None:
+    def __init__(self, tools: list[str], tool_format: str = "hermes", python_timeout_s: float = 5.0,
+                 sandbox_walls: str = "required", sandbox_disk_mb: int = 64) -> None:  # fmt: skip
         self.tool_specs = list(tools)
         self.tool_format = tool_format
         self.python_timeout_s = python_timeout_s
+        self.sandbox_walls, self.sandbox_disk_mb = sandbox_walls, sandbox_disk_mb
 
     def reset(self, row: dict[str, Any]) -> None:
         return None
@@ -106,6 +108,7 @@ class ToolEnvironment:
         from hybridflow.agents import tools as tool_mod
 
         tool_mod.PYTHON_TOOL_TIMEOUT_S = self.python_timeout_s
+        tool_mod.PYTHON_TOOL_WALLS, tool_mod.PYTHON_TOOL_DISK_MB = self.sandbox_walls, self.sandbox_disk_mb
         tools = _cached_tools(tuple(self.tool_specs))
         try:
             calls = get_tool_format(self.tool_format).parse(text)

@@ -17,6 +17,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hybridflow.agents.caps import cap_output, capped_prints
 from hybridflow.agents.environments import Messages, call_maybe_async, load_environment, normalise_step
 from hybridflow.agents.loading import AgentLoadError
 from hybridflow.procpool import CallKind, ProcessPool, Unit, WorkerStartError
@@ -32,6 +33,8 @@ class EnvCall:
     op "reset": build ``env`` (a registered name or a spec) with ``kwargs`` and call ``reset(row)``
     (row: prompt, data_source, ground_truth, extra_info, uid). op "step": unpickle ``state`` (a
     previous call's :attr:`EnvResult.state`) and call ``step(text)`` with the assistant's text.
+    max_output_bytes: every string the call returns (observation, message contents) is cut to
+    this many bytes in the worker (:mod:`hybridflow.agents.caps`); 0 = no cap.
     """
 
     op: Literal["reset", "step"]
@@ -40,14 +43,15 @@ class EnvCall:
     row: dict[str, Any] | None = None
     state: bytes | None = None
     text: str = ""
+    max_output_bytes: int = 0
 
     @classmethod
-    def reset(cls, env: str, kwargs: dict[str, Any], row: dict[str, Any]) -> EnvCall:
-        return cls("reset", env, kwargs=kwargs, row=row)
+    def reset(cls, env: str, kwargs: dict[str, Any], row: dict[str, Any], max_output_bytes: int = 0) -> EnvCall:
+        return cls("reset", env, kwargs=kwargs, row=row, max_output_bytes=max_output_bytes)
 
     @classmethod
-    def step(cls, env: str, state: bytes, text: str) -> EnvCall:
-        return cls("step", env, state=state, text=text)
+    def step(cls, env: str, state: bytes, text: str, max_output_bytes: int = 0) -> EnvCall:
+        return cls("step", env, state=state, text=text, max_output_bytes=max_output_bytes)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class EnvResult:
     """What a call returned (the environment call kind's response). state: the environment instance
     after the call, pickled by the worker. reset: ``messages`` (the conversation to start from; None
     keeps the row's prompt). step: observation (str | messages | None), reward (float | None), done,
-    info (counters such as tool_calls, tool_errors, parse_errors)."""
+    info (counters such as tool_calls, tool_errors, parse_errors). truncated: how many of the
+    returned strings were cut to the call's ``max_output_bytes``."""
 
     state: bytes
     messages: Messages | None = None
@@ -63,6 +68,7 @@ class EnvResult:
     reward: float | None = None
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    truncated: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,19 +88,30 @@ class EnvOutcome:
 
 def env_call(call: EnvCall) -> EnvResult:
     """Worker side: run ``call`` (see :class:`EnvCall`); raises what the environment raises, and
-    TypeError for a malformed reset / step return value."""
+    TypeError for a malformed reset / step return value. Outputs are cut to ``call.max_output_bytes``
+    here, before they are pickled back, and so are its prints to the worker's log."""
+    if call.max_output_bytes <= 0:
+        return _env_call(call)
+    with capped_prints(call.max_output_bytes):
+        return _env_call(call)
+
+
+def _env_call(call: EnvCall) -> EnvResult:
     cls = load_environment(call.env)
+    budget = call.max_output_bytes
     if call.op == "reset":
         env = cls(**call.kwargs)
         messages = call_maybe_async(env.reset, call.row)
         if messages is not None and not isinstance(messages, list):
             raise TypeError(f"reset returned {type(messages).__name__}; expected a list of chat messages or None")
-        return EnvResult(pickle.dumps(env), messages=messages)
+        messages, cut = cap_output(messages, budget) if budget > 0 else (messages, 0)
+        return EnvResult(pickle.dumps(env), messages=messages, truncated=cut)
     assert call.state is not None, "a step call carries the state its reset returned"
     env = pickle.loads(call.state)  # noqa: S301 - made by our own worker (module docstring)
     step = normalise_step(call_maybe_async(env.step, call.text))
-    return EnvResult(pickle.dumps(env), observation=step.observation, reward=step.reward, done=step.done,
-                     info=dict(step.info))  # fmt: skip
+    observation, cut = cap_output(step.observation, budget) if budget > 0 else (step.observation, 0)
+    return EnvResult(pickle.dumps(env), observation=observation, reward=step.reward, done=step.done,
+                     info=dict(step.info), truncated=cut)  # fmt: skip
 
 
 class EnvRunner:

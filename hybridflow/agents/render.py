@@ -70,6 +70,36 @@ class ChatRenderer:
         return ids
 
 
+def fit_observation(
+    renderer: ChatRenderer, messages: Messages, limit: int, marker: str
+) -> tuple[Messages, list[int], bool]:
+    """(messages, their observation ids, whether cut) with the rendering within ``limit`` tokens, so
+    that the stored conversation holds what the model saw: when the rendering is longer, each text
+    content keeps its head and tail around ``marker`` (an equal share of the room the template leaves,
+    decoded back to text) and is rendered again. Where that share is too small for the marker, or
+    the second rendering still exceeds ``limit``, the ids are cut in the middle as well
+    (:func:`truncate_middle`)."""
+    ids = renderer.observation_ids(messages)
+    if len(ids) <= limit:
+        return messages, ids, False
+    tok = renderer.tokenizer
+    marker_ids = renderer._ids(marker)
+    texts = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str)]
+    empty = [{**m, "content": ""} if i in texts else m for i, m in enumerate(messages)]
+    room = (limit - len(renderer.observation_ids(empty))) // max(1, len(texts))
+    if room > len(marker_ids):
+        messages = list(messages)
+        for i in texts:
+            content_ids = renderer._ids(messages[i]["content"])
+            if len(content_ids) > room:
+                kept = truncate_middle(content_ids, room, marker_ids)
+                head = (room - len(marker_ids)) // 2
+                text = tok.decode(kept[:head]) + marker + tok.decode(kept[head + len(marker_ids) :])
+                messages[i] = {**messages[i], "content": text}
+        ids = renderer.observation_ids(messages)
+    return messages, truncate_middle(ids, limit, marker_ids), True
+
+
 def truncate_middle(ids: list[int], limit: int, marker_ids: list[int]) -> list[int]:
     """``ids`` if it has ≤ ``limit`` tokens, else its head and tail around ``marker_ids`` (total
     ``limit``; the tail gets the odd token). ``limit`` must exceed ``len(marker_ids)``, else the
@@ -105,4 +135,4 @@ def marked_conversation(tokenizer: Any, response_ids: Any, response_mask: Any, o
     return "".join(texts)
 
 
-__all__ = ["ChatRenderer", "marked_conversation", "truncate_middle"]
+__all__ = ["ChatRenderer", "fit_observation", "marked_conversation", "truncate_middle"]

@@ -9,6 +9,7 @@ them fails when the config is loaded. Tools return a string (anything else is ``
 from __future__ import annotations
 
 import ast
+import logging
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,27 @@ from hybridflow.agents.loading import AgentLoadError, is_spec, load_object
 #: ``rollout.multi_turn.tool_timeout_s``, minus a margin for start-up).
 PYTHON_TOOL_TIMEOUT_S = 5.0
 PYTHON_TOOL_MEMORY_MB = 512
+#: The ``python`` tool's walls and disk quota (set by the tools environment from
+#: ``rollout.multi_turn.sandbox_walls`` / ``sandbox_disk_mb``).
+PYTHON_TOOL_WALLS = "required"
+PYTHON_TOOL_DISK_MB = 64
+_warned_no_walls = False
+
+
+class SandboxWallsError(RuntimeError):
+    """The machine gives the ``python`` tool's sandbox no walls and ``sandbox_walls`` is 'required'."""
+
+
+def python_tool_walls_problem(walls: str) -> str | None:
+    """One line when the ``python`` tool may not run here with ``walls`` ('required' | 'optional'):
+    the machine gives no private mount namespace and walls are required; else None."""
+    from hybridflow.rewards.sandbox import walls_check
+
+    check = walls_check()
+    if check.available or walls == "optional":
+        return None
+    return (f"the 'python' tool's sandbox needs {check.missing}; give the machine mount namespaces or set "
+            "rollout.multi_turn.sandbox_walls=optional to run it without walls (its writes then reach the host)")  # fmt: skip
 
 
 def calculator(expression: str) -> str:
@@ -37,9 +59,18 @@ def python(code: str) -> str:
     Args:
         code: The Python program to run.
     """
-    from hybridflow.rewards.sandbox import run_code
+    global _warned_no_walls
+    from hybridflow.rewards.sandbox import run_code, walls_check
 
-    res = run_code(code, timeout_s=PYTHON_TOOL_TIMEOUT_S, memory_mb=PYTHON_TOOL_MEMORY_MB, max_output_bytes=1 << 16)
+    if (problem := python_tool_walls_problem(PYTHON_TOOL_WALLS)) is not None:
+        raise SandboxWallsError(problem)
+    if not walls_check().available and not _warned_no_walls:
+        _warned_no_walls = True
+        logging.getLogger(__name__).warning("the 'python' tool runs WITHOUT walls (sandbox_walls=optional): %s "
+                                            "is missing; its writes to /tmp, /var/tmp, /dev/shm reach the host",
+                                            walls_check().missing)  # fmt: skip
+    res = run_code(code, timeout_s=PYTHON_TOOL_TIMEOUT_S, memory_mb=PYTHON_TOOL_MEMORY_MB, max_output_bytes=1 << 16,
+                   disk_mb=PYTHON_TOOL_DISK_MB)  # fmt: skip
     out = res.stdout + (res.stderr if res.stderr else "")
     if res.timed_out:
         out += f"\n[timed out after {PYTHON_TOOL_TIMEOUT_S:g} s]"
@@ -124,4 +155,4 @@ def load_tools(specs: list[str], key: str = "rollout.tools") -> dict[str, Tool]:
     return out
 
 
-__all__ = ["Tool", "load_tool", "load_tool_function", "load_tools", "calculator", "python", "BUILTIN_TOOLS"]
+__all__ = ["SandboxWallsError", "python_tool_walls_problem", "Tool", "load_tool", "load_tool_function", "load_tools", "calculator", "python", "BUILTIN_TOOLS"]

@@ -43,6 +43,16 @@ class MultiTurnConfig(_Section):
         None, description="A system message put first in every conversation (joined to the row's own system "
         "message, if any) — e.g. one worked tool call. Not added where the environment's reset gives the messages.",
     )
+    sandbox_walls: Literal["required", "optional"] = Field(
+        "required", description="The 'python' tool's sandbox walls (a private mount namespace with empty tmpfs "
+        "/tmp, /var/tmp, /dev/shm and working folder, one disk quota, all gone after the call). 'required': where the "
+        "machine gives no mount namespace the run refuses to start, naming what is missing; 'optional': it then "
+        "runs without walls, warns once and reports sandbox/walls = 0.",
+    )
+    sandbox_disk_mb: int = Field(
+        64, gt=0, description="Total disk quota (MB) of one 'python' tool call: its working folder and private "
+        "/tmp, /var/tmp and /dev/shm together; a write past it fails (ENOSPC).",
+    )
 
 
 # the vllm.LLM arguments the vllm engine derives from the config (workers/rollout/vllm_settings.py)

@@ -18,6 +18,17 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def flood(x: int) -> str:
+    """Prints and returns 10 MB of text (multi-byte characters included).
+
+    Args:
+        x: Ignored.
+    """
+    text = "head-é" + "ab€" * (10 * (1 << 20) // 5) + "-tail"
+    print(text)
+    return text
+
+
 def boom(x: int) -> str:
     """Always raises.
 

@@ -71,7 +71,20 @@ def _run(code: str, **kw):
     return run_code(code, timeout_s=kw.pop("timeout_s", 10), memory_mb=256, **kw)
 
 
-def test_root_only_files_are_unreadable_when_started_as_root(tmp_path):
+@pytest.fixture
+def outside_walls():
+    """A folder the sandbox sees as the host has it: not under a temp folder (those are walled off)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-test-", dir=os.path.dirname(os.path.abspath(__file__))))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_root_only_files_are_unreadable_when_started_as_root(outside_walls):
+    tmp_path = outside_walls
     secret = tmp_path / "secret.txt"
     secret.write_text("s3cret")
     os.chmod(secret, 0o600)
@@ -82,7 +95,8 @@ def test_root_only_files_are_unreadable_when_started_as_root(tmp_path):
         assert res.unprivileged and res.ok
 
 
-def test_cannot_write_outside_its_folder(tmp_path):
+def test_cannot_write_outside_its_folder(outside_walls):
+    tmp_path = outside_walls
     target = tmp_path / "planted.txt"
     os.chmod(tmp_path, 0o755)
     res = _run(f"open({str(target)!r}, 'w').write('x')")
@@ -124,3 +138,56 @@ def test_environment_is_clean(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "k")
     res = _run("import os\nprint(sorted(os.environ))")
     assert res.ok and res.stdout.strip() == "['HOME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE']"
+
+
+# ---- walls: private temp folders, one disk quota, nothing left on the host (issue 40, defect 2) -----
+def _host_writable_paths() -> list[str]:
+    import tempfile
+
+    return list(dict.fromkeys(p for p in ("/tmp", "/var/tmp", "/dev/shm", tempfile.gettempdir()) if os.path.isdir(p)))
+
+
+def test_writes_to_every_host_temp_folder_stay_inside_the_walls():
+    from hybridflow.rewards.sandbox import walls_check
+
+    if not walls_check().available:
+        pytest.skip(f"no walls on this machine: {walls_check().missing}")
+    paths = _host_writable_paths()
+    names = [os.path.join(p, f"hybridflow-walls-probe-{os.getpid()}-{i}") for i, p in enumerate(paths)]
+    code = (f"import os\nfor n in {names!r}:\n    open(n, 'w').write('x')\n    os.mkdir(n + '.d')\n"
+            f"print(sorted(os.listdir(os.path.dirname({names[0]!r}))) != [], all(os.path.exists(n) for n in {names!r}))")
+    res = _run(code)
+    assert res.ok and res.walled, res.stderr
+    assert res.stdout.split() == ["True", "True"]  # the code saw its own files, in private folders
+    for n in names:  # nothing landed on the host, nothing stays
+        assert not os.path.exists(n) and not os.path.exists(n + ".d"), n
+
+
+def test_private_temp_folders_start_empty():
+    from hybridflow.rewards.sandbox import walls_check
+
+    if not walls_check().available:
+        pytest.skip(f"no walls on this machine: {walls_check().missing}")
+    marker = f"/dev/shm/hybridflow-walls-host-{os.getpid()}"
+    open(marker, "w").write("host")
+    try:
+        res = _run(f"import os\nprint(os.path.exists({marker!r}), sorted(os.listdir('/var/tmp')))")
+    finally:
+        os.unlink(marker)
+    assert res.ok and res.stdout.strip() == "False []"  # the host's files are not visible either
+
+
+def test_a_write_beyond_the_disk_quota_fails():
+    from hybridflow.rewards.sandbox import walls_check
+
+    if not walls_check().available:
+        pytest.skip(f"no walls on this machine: {walls_check().missing}")
+    # 3 files of 3 MB each in three folders (each under RLIMIT_FSIZE = 4 MB): 9 MB > the 8 MB quota
+    code = ("import os\nfor i, d in enumerate(('/tmp', '/dev/shm', '.')):\n"
+            "    try:\n        open(f'{d}/f{i}', 'wb').write(b'x' * (3 << 20))\n"
+            "    except OSError as e:\n        print('failed', i, e.errno == 28)\n        break\nelse:\n    print('all written')")
+    res = _run(code, disk_mb=8, max_output_bytes=4 << 20)
+    assert res.ok, res.stderr
+    assert res.stdout.strip() == "failed 2 True"  # ENOSPC: the quota is the total over every folder
+    small = _run(code, disk_mb=16, max_output_bytes=4 << 20)
+    assert small.stdout.strip() == "all written"  # the same writes fit a bigger quota

@@ -16,7 +16,10 @@ engine (vllm) gets the whole sequence as a token-id prompt each turn through its
 Limits (``rollout.multi_turn``): ``max_turns`` assistant turns; ``max_tokens_per_turn`` ends a
 turn (the template's end-of-turn tokens are appended as non-model tokens) and the environment
 still steps; ``max_observation_tokens`` (cut in the middle); the whole response within
-``rollout.max_response_tokens``. Finish reasons: stop (the model answered without a tool call,
+``rollout.max_response_tokens``. Every tool / environment output is first cut to a byte budget
+(:func:`hybridflow.agents.caps.observation_byte_budget`) in the process that made it, before it is
+templated, tokenized, stored or logged; the stored conversation holds the text the model saw
+(:func:`~hybridflow.agents.render.fit_observation`); cut observations count in ``tool/truncated``. Finish reasons: stop (the model answered without a tool call,
 tools form), env_done (the environment said done), max_turns, length (the budget ran out),
 env_error (the environment's reset/step raised, hung or crashed; a failing *tool* is only an
 error observation).
@@ -32,15 +35,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hybridflow.agents.caps import TRUNCATION_MARKER, observation_byte_budget
 from hybridflow.agents.checks import TOOLS_ENVIRONMENT, environment_spec
 from hybridflow.agents.remote import EnvCall, EnvOutcome
-from hybridflow.agents.render import ChatRenderer, truncate_middle
+from hybridflow.agents.render import ChatRenderer, fit_observation
 from hybridflow.batch import is_padding
 from workers.progress import Tick
 from workers.rollout.base import RolloutOutput, SamplingParams, right_pad
 from workers.rollout.capabilities import engine_capabilities
-
-TRUNCATION_MARKER = "\n...[truncated]...\n"
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Trajectory:
     tool_errors: int = 0
     tool_timeouts: int = 0
     parse_errors: int = 0
+    truncated: int = 0  # observations cut (bytes in the worker, or tokens here)
 
     def append(self, ids: list[int], model: bool, logp: list[float] | None = None) -> None:
         self.ids += ids
@@ -109,7 +112,7 @@ class MultiTurnRollout:
         tools = load_tools(rollout_cfg.tools) if rollout_cfg.tools else {}
         self.tool_schemas = [t.schema for t in tools.values()]
         self.tool_names = list(tools)
-        self.marker_ids = list(tokenizer(TRUNCATION_MARKER, add_special_tokens=False)["input_ids"])
+        self.output_bytes = observation_byte_budget(self.mt.max_observation_tokens)
         self.per_turn = self.mt.max_tokens_per_turn or rollout_cfg.max_response_tokens
         self.continue_kv = self.mt.kv_cache and engine_capabilities(engine).continuing_kv
 
@@ -137,7 +140,8 @@ class MultiTurnRollout:
             self._generate_turn(live, dataclasses.replace(sampling, n=1, seed=seed + 7919 * round_),
                                 sampling.max_new_tokens)  # fmt: skip
             stepping = [t for t in live if t.finish is None]
-            outcomes = self.runner.run([self._step_request(t, t.messages[-1]["content"]) for t in stepping])
+            outcomes = self.runner.run([EnvCall.step(t.env, t.state, t.messages[-1]["content"], self.output_bytes)
+                                        for t in stepping])  # fmt: skip
             for t, outcome in zip(stepping, outcomes, strict=True):
                 self._after_step(t, outcome, sampling.max_new_tokens)
             round_ += 1
@@ -163,6 +167,7 @@ class MultiTurnRollout:
                 t.finish = "env_error"
                 continue
             t.state = outcome.result.state
+            t.truncated += outcome.result.truncated > 0
             if outcome.result.messages is not None:
                 t.messages = list(outcome.result.messages)
                 t.prompt = self.renderer.prompt_ids(t.messages)
@@ -241,8 +246,9 @@ class MultiTurnRollout:
             t.finish = "max_turns"
             return
         messages = [{"role": "user", "content": observation}] if isinstance(observation, str) else observation or []
-        obs_ids = truncate_middle(self.renderer.observation_ids(messages), self.mt.max_observation_tokens,
-                                  self.marker_ids)  # fmt: skip
+        messages, obs_ids, cut = fit_observation(self.renderer, messages, self.mt.max_observation_tokens,
+                                                 TRUNCATION_MARKER)  # fmt: skip
+        t.truncated += int(cut or (res is not None and res.truncated > 0))
         if len(t.ids) + len(t.turn_tail) + len(obs_ids) >= budget:  # no room left for another model token
             t.finish = "length"
             return
@@ -260,15 +266,11 @@ class MultiTurnRollout:
     def _reset_request(self, t: Trajectory, row: dict[str, Any]) -> EnvCall:
         if t.env == TOOLS_ENVIRONMENT:
             kwargs = {"tools": list(self.cfg.tools), "tool_format": self.mt.tool_format,
-                      "python_timeout_s": max(0.5, 0.75 * self.mt.tool_timeout_s)}  # fmt: skip
+                      "python_timeout_s": max(0.5, 0.75 * self.mt.tool_timeout_s),
+                      "sandbox_walls": self.mt.sandbox_walls, "sandbox_disk_mb": self.mt.sandbox_disk_mb}  # fmt: skip
         else:
             kwargs = dict((row.get("extra_info") or {}).get("env_kwargs", {}))
-        return EnvCall.reset(t.env, kwargs, row)
-
-    @staticmethod
-    def _step_request(t: Trajectory, text: str) -> EnvCall:
-        assert t.state is not None, "a live trajectory's environment was reset"
-        return EnvCall.step(t.env, t.state, text)
+        return EnvCall.reset(t.env, kwargs, row, self.output_bytes)
 
     # ---- output --------------------------------------------------------------------------------
     def _output(self, trajs: list[Trajectory], counted: bool = True) -> MultiTurnOutput:
@@ -310,8 +312,9 @@ def _with_system(messages: list[dict[str, Any]], text: str | None) -> list[dict[
 
 def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> dict[str, float]:
     """multi_turn/num_turns/{mean,max}, multi_turn/finish/<reason> (fractions), tool/calls/mean,
-    tool/<name>/calls (for ``tool_names``), tool/errors, tool/timeouts, tool/parse_errors (counts),
-    env/errors, response_length/observation_tokens/mean — over the trajectories of every rank
+    tool/<name>/calls (for ``tool_names``), tool/errors, tool/timeouts, tool/parse_errors, tool/truncated (counts),
+    env/errors, response_length/observation_tokens/mean, sandbox/walls (1/0: whether the ``python``
+    tool's sandbox has its walls here; only with that tool) — over the trajectories of every rank
     (summed / maxed across a data-parallel group, like the policy's other generation metrics)."""
     from workers import distributed as D
 
@@ -322,7 +325,7 @@ def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> d
     local = [float(len(trajs)), sum(t.turns for t in trajs), sum(calls.values()), sum(t.tool_errors for t in trajs),
              sum(t.tool_timeouts for t in trajs), sum(t.parse_errors for t in trajs),
              sum(t.observation_tokens for t in trajs), *(sum(t.finish == r for t in trajs) for r in reasons),
-             *(calls[name] for name in tool_names)]  # fmt: skip
+             *(calls[name] for name in tool_names), sum(t.truncated for t in trajs)]  # fmt: skip
     sums = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
     top = float(D.all_reduce_max(torch.tensor([max((t.turns for t in trajs), default=0)], dtype=torch.float64))[0])
     n = max(sums[0], 1.0)
@@ -333,6 +336,7 @@ def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> d
         "tool/errors": sums[3],
         "tool/timeouts": sums[4],
         "tool/parse_errors": sums[5],
+        "tool/truncated": sums[-1],
         "response_length/observation_tokens/mean": sums[6] / n,
         "env/errors": sums[7 + reasons.index("env_error")],
     }
@@ -340,6 +344,10 @@ def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> d
         out[f"multi_turn/finish/{reason}"] = sums[7 + i] / n
     for i, name in enumerate(tool_names):
         out[f"tool/{name}/calls"] = sums[7 + len(reasons) + i]
+    if "python" in tool_names:
+        from hybridflow.rewards.sandbox import walls_check
+
+        out["sandbox/walls"] = float(walls_check().available)
     return out
 
 __all__ = ["MultiTurnRollout", "MultiTurnOutput", "Trajectory", "multi_turn_metrics", "TRUNCATION_MARKER"]
