@@ -318,12 +318,16 @@ def check_resume_files(run_dir: str | Path) -> None:
 def preflight_eval(target: Any, cfg: ExperimentConfig) -> None:
     """``hybridflow eval``'s (and the evaluate flow's) input checks for ``target`` (an
     :class:`flows.eval_plan.EvalTarget`) under its eval config: the folder the generations go to
-    is writable, then :func:`check_inputs` on the evaluation data (no checkpoint is written)."""
+    is writable, the rollout engine can run (:func:`flows.preflight.check_engine`), then
+    :func:`check_inputs` on the evaluation data (no checkpoint is written)."""
     from flows.preflight import check_run_dir
 
     folder = Path(target.run_dir) / "evals" if target.run_dir else Path(cfg.trainer.run_dir) / "evals"
     cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"run_dir": str(folder)})})
+    from flows.preflight import check_engine
+
     check_run_dir(cfg)
+    check_engine(cfg)  # rollout.engine=vllm: its runtime, the CPU, the KV cache
     check_inputs(cfg, data_files=[("--data", cfg.data.val_files)], checkpoints=False)
 
 
