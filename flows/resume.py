@@ -52,6 +52,22 @@ def _with_identity(cfg: ExperimentConfig, saved: ExperimentConfig) -> Experiment
     return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=keep)})
 
 
+def where_it_started(cfg: ExperimentConfig, folder: RunDir, info: dict[str, Any]) -> ExperimentConfig:
+    """``cfg`` for resuming ``folder`` from any working directory: ``trainer.run_dir`` = the
+    folder's parent, absolute (so the default Prefect home is where the run started it,
+    ``<parent>/.prefect``), and, when the config names no ``tracking.mlflow_uri``, the MLflow URI
+    ``run.json`` recorded when the run started (absolute; a relative default would resolve against
+    the new working directory, where the run's MLflow run does not exist). A recorded URI whose
+    credentials were redacted is not used (the config or $MLFLOW_TRACKING_URI gives it again)."""
+    trainer = {"run_dir": folder.url.rsplit("/", 1)[0]}
+    recorded = info.get("mlflow_uri")
+    tracking = {}
+    if cfg.tracking.mlflow_uri is None and isinstance(recorded, str) and "***@" not in recorded:
+        tracking["mlflow_uri"] = recorded
+    return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer),
+                                  "tracking": cfg.tracking.model_copy(update=tracking)})
+
+
 def reconcile_resume_config(cfg: ExperimentConfig, run_dir: str | Path, *, apply: bool) -> ExperimentConfig:
     """The config a resume of ``run_dir`` runs with, given the requested ``cfg``.
 
@@ -63,7 +79,7 @@ def reconcile_resume_config(cfg: ExperimentConfig, run_dir: str | Path, *, apply
     saved = folder.read_config()
     changes = config_changes(saved, cfg)
     if not changes:
-        return _with_identity(cfg, saved)
+        return where_it_started(_with_identity(cfg, saved), folder, folder.run_info())
     if not apply:
         listed = ", ".join(f"{k}={new!r} (saved: {old!r})" for k, (old, new) in changes.items())
         raise PreflightError(
@@ -73,7 +89,7 @@ def reconcile_resume_config(cfg: ExperimentConfig, run_dir: str | Path, *, apply
     merged = _with_identity(cfg, saved)
     _record(folder, changes)
     folder.write_config(merged)
-    return merged
+    return where_it_started(merged, folder, folder.run_info())
 
 
 def _record(folder: RunDir, changes: dict[str, tuple[Any, Any]]) -> None:
@@ -171,4 +187,5 @@ def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
         release_run_lock(run_dir, remove_empty_dir=not reopen)
 
 
-__all__ = ["latest_run", "resolve_run_dir", "owned_run_dir", "config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS"]
+__all__ = ["latest_run", "resolve_run_dir", "owned_run_dir", "config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS",
+           "where_it_started"]

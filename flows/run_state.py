@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from flows.feeds import PromptFeed, save_prompts
-from flows.resume import resolve_run_dir
+from flows.resume import resolve_run_dir, where_it_started
 from flows.run_dir import RunDir
 from flows.trainer_state import TrainerState
 from hybridflow.agents.render import marked_conversation
@@ -260,8 +260,9 @@ def _reopen(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
     # the saved run defines the experiment; the caller may extend it (e.g. more iterations)
     merged = saved.model_copy(update={"trainer": saved.trainer.model_copy(
         update={"total_iterations": max(cfg.trainer.total_iterations, saved.trainer.total_iterations)})})
-    session = RunSession(merged, run_dir, resumed=True)
-    session.info = run_dir.run_info()
+    info = run_dir.run_info()
+    session = RunSession(where_it_started(merged, run_dir, info), run_dir, resumed=True)  # whatever the cwd
+    session.info = info
     _settle_precision(session)
     session.trainer.mlflow_run_id = session.info.get("mlflow_run_id")
     session.restore()
