@@ -28,7 +28,7 @@ from flows.preflight import PreflightError
 from flows.run_dir import RunDir
 from flows.run_lock import acquire_run_lock, release_run_lock
 from hybridflow.config import ExperimentConfig, flatten_config, load_config
-from hybridflow.layout import CONFIG, RUN_INFO
+from hybridflow.layout import CONFIG, RUN_INFO, SUMMARY
 
 IDENTITY_KEYS = ("trainer.run_id", "trainer.run_dir", "trainer.resume")
 FREE_KEYS = (*IDENTITY_KEYS, "trainer.resume_fallback")
@@ -155,6 +155,22 @@ def resolve_run_dir(cfg: ExperimentConfig, resume: str | None) -> tuple[Path, bo
     return parent / run_id, False
 
 
+def already_finished(cfg: ExperimentConfig, run_dir: str | Path) -> str | None:
+    """One line when the run in ``run_dir`` has nothing left to do for ``cfg`` (its summary was
+    written and its latest checkpoint is at ``trainer.total_iterations`` or beyond), naming how to
+    extend it; None when a resume has work to do."""
+    from workers.checkpoint import checkpoint_iteration, load_latest
+
+    folder = RunDir(run_dir)
+    latest = load_latest(folder.checkpoints) if folder.exists(SUMMARY) else None
+    done = checkpoint_iteration(latest) if latest else None
+    total = cfg.trainer.total_iterations
+    if done is None or done < total:
+        return None
+    return (f"run {folder.url} already finished ({done} of {total} iterations); nothing to do. To train further: "
+            f"hybridflow train --resume {folder.url} trainer.total_iterations={done + total}")
+
+
 @contextmanager
 def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
                   apply_overrides: bool = False) -> Iterator[tuple[ExperimentConfig, str | None]]:
@@ -188,4 +204,4 @@ def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
 
 
 __all__ = ["latest_run", "resolve_run_dir", "owned_run_dir", "config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS",
-           "where_it_started"]
+           "where_it_started", "already_finished"]
