@@ -162,7 +162,7 @@ class RunSession:
             "checkpoint": load_latest(self.dir.checkpoints),
             "reward_first": scores[0] if scores else None,
             "reward_last": scores[-1] if scores else None,
-            "val_before": val_keys(self.validations[vals[0]]) if vals else {},
+            "val_before": val_keys(self.validations[0]) if 0 in self.validations else {},  # before training only
             "val_after": val_keys(self.validations[vals[-1]]) if vals else {},
             **self.info,
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
