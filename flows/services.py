@@ -40,13 +40,14 @@ def default_prefect_home(cfg: Any) -> str:
     return str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
 
 
-def stop_on_sigterm() -> Any:
+def stop_on_sigterm(prefect: bool = False) -> Any:
     """SIGINT, SIGTERM (``timeout``, ``kill``, a scheduler stopping the job) and SIGHUP unwind
     alike (:mod:`flows.signals`, also inside Prefect flow runs), so the ``finally`` blocks stop Ray
     and the Prefect server this command started, and release the run folder's lock, instead of
-    leaving them behind. Exit status 130/143/129. Returns the previous handlers (None off the main
+    leaving them behind. Exit status 130/143/129. ``prefect``: also inside Prefect flow runs (whose
+    engine would install its own SIGTERM handler). Returns the previous handlers (None off the main
     thread, where handlers cannot be set); :func:`flows.signals.restore` puts them back."""
-    return signals.install()
+    return signals.install(prefect=prefect)
 
 
 def drain_prefect_services(timeout_s: float = 20.0) -> None:
@@ -73,7 +74,7 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
     reaper: start the reaper watchdog first.
     Raises RuntimeError when the Prefect API is unreachable or the server does not come up.
     """
-    previous = stop_on_sigterm()
+    previous = stop_on_sigterm(prefect=prefect)
     ray_was_running = ray_running()
     if reaper:
         runtime.start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
@@ -84,7 +85,7 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
             server = runtime.ensure_prefect_api(prefect_home or default_prefect_home(cfg))
         if ray:
             runtime.ensure_ray(cfg)
-            stop_on_sigterm()  # ray.init installs its own SIGTERM handler, which aborts the driver (exit -6)
+            stop_on_sigterm(prefect=prefect)  # ray.init installs its own SIGTERM handler, which aborts the driver (exit -6)
         yield Services(server.url if server else None, (server.home or "") if server else None)
     finally:
         try:

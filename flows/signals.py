@@ -142,13 +142,15 @@ def _keep_ours_in_flow_runs() -> None:
     engine.capture_sigterm = contextlib.nullcontext
 
 
-def install() -> dict[int, Any] | None:
-    """Put :func:`_handle` in charge of SIGINT, SIGTERM and SIGHUP (also inside Prefect flow runs).
-    Returns the previous handlers by signal number (None off the main thread, where handlers
-    cannot be set)."""
+def install(*, prefect: bool = False) -> dict[int, Any] | None:
+    """Put :func:`_handle` in charge of SIGINT, SIGTERM and SIGHUP; ``prefect``: also inside the
+    Prefect flow runs of this process (imports Prefect: pass it once the command is about to run a
+    flow, so a bad config is still reported fast). Returns the previous handlers by signal number
+    (None off the main thread, where handlers cannot be set)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    _keep_ours_in_flow_runs()
+    if prefect:
+        _keep_ours_in_flow_runs()
     return {s: signal.signal(s, _handle) for s in REASONS}
 
 

@@ -53,7 +53,7 @@ def test_prefect_flow_runs_keep_our_sigterm_handler(monkeypatch):
     import prefect.flow_engine as engine
 
     monkeypatch.setattr(engine, "capture_sigterm", engine.capture_sigterm)  # undone after the test
-    signals.install()
+    signals.install(prefect=True)
     with engine.capture_sigterm():
         assert signal.getsignal(signal.SIGTERM) is signals._handle
 
