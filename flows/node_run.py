@@ -50,6 +50,18 @@ def _saved_uri(run: Any, name: str, use_debug: bool) -> str | None:
     return None
 
 
+def _missing_input_advice(run: Any, source: str) -> str:
+    """What to do about a missing upstream output: run that node first where ``node run`` can,
+    else pick an iteration that saved it (``node run`` refuses ``rollout``, ``values``, ...)."""
+    if source not in NOT_RUNNABLE:
+        return f"run `hybridflow node run {source} ...` first and pass --use-debug-inputs"
+    root = Path(run.run_dir)
+    saved = [it for it in _iterations(root) if _saved_uri(run.with_iteration(it), source, False)]
+    where = f"iterations with a saved {source!r}: {', '.join(map(str, saved))}" if saved else \
+        f"no iteration of this run saved {source!r}"
+    return f"`node run {source}` cannot make it ({NOT_RUNNABLE[source]}); pass --iteration N of a trained iteration ({where})"
+
+
 def load_saved(uri: str, name: str, run: Any) -> tuple[Any, Any]:
     """(NodeResult, Batch) of a batch saved by Batch.save (checksum = sha256(tensors ‖ 0 ‖ json), as there)."""
     from hybridflow.batch import Batch, BatchRef
@@ -93,7 +105,7 @@ def gather_inputs(df: Any, name: str, run: Any, cfg: Any, *, use_debug: bool) ->
             raise NodeRunError(
                 f"node {name!r} needs {param!r}, but iteration {run.iteration} has no saved output of "
                 f"{source!r} ({run.batch_uri(source)}.safetensors): it did not run in that iteration; "
-                f"run `hybridflow node run {source} ...` first and pass --use-debug-inputs")
+                + _missing_input_advice(run, source))
         result, batch = load_saved(uri, source, run)
         kwargs[param] = batch if param in node.batch_inputs else result
     return kwargs

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from flows import signals
 from flows.artifacts import PrefectReporter
 from flows.console import RunConsole
 from flows.run_state import RunSession
 from flows.tracking import Tracker
 
 STOP_REASONS = {"TrainingStopped": "nan_guard", "KeyboardInterrupt": "interrupted", "SystemExit": "terminated"}
+
+
+def stop_reason(error: BaseException) -> tuple[str, str]:
+    """(reason, message) for the error that stopped a run: a stop signal's reason (``interrupted``,
+    ``terminated``, ``hangup``: :func:`flows.signals.stop_reason`, whatever the signal's exception
+    became on its way up) with the signal's name, else by the error's type, with its text."""
+    stop = signals.stop_reason(error)
+    if stop is not None:
+        return stop.reason, stop.name
+    return STOP_REASONS.get(type(error).__name__, "error"), str(error) or type(error).__name__
 
 
 class RunObserver:
@@ -31,6 +42,8 @@ class RunObserver:
         self.model_uris: dict[int, str] = {}
 
     def started(self) -> None:
+        if self.state.info.get("stop_reason"):  # a resumed run: the last stop is history now
+            self.state.bind(stop_reason=None)
         self.prefect.start(self.state.start_iteration)
         self.console.start()
 
@@ -56,9 +69,12 @@ class RunObserver:
             self.tracker.set_tag(tag, self.model_uris[it])
 
     def stopped(self, error: BaseException) -> None:
-        reason = STOP_REASONS.get(type(error).__name__, "error")
-        self.console.stopped(f"{reason}: {error}")
-        self.prefect.stopped(reason, str(error)[:2000])
+        """Record the stop reason in run.json (``stop_reason``), on the console and as a Prefect event."""
+        reason, message = stop_reason(error)
+        self.state.bind(stop_reason=reason)
+        by_signal = reason in signals.REASONS.values()
+        self.console.stopped(f"{reason} ({message})" if by_signal else f"{reason}: {message}")
+        self.prefect.stopped(reason, message[:2000])
 
     def finished(self, summary: dict[str, Any]) -> None:
         """Add the MLflow model and reward curve to ``summary``; publish the summary artifact."""

@@ -259,7 +259,12 @@ def preflight_run(cfg: ExperimentConfig, resume: str | None, warn: Any = print) 
 
         check_resume_files(resume)
         check_resume_folder(resume, cfg, warn=warn)
-    report = preflight(load_config(Path(resume) / CONFIG) if resume else cfg)
+        from flows.resume import where_it_started
+        from flows.run_dir import RunDir
+
+        # trainer.run_dir: the folder's parent (a saved relative one would be created in the cwd)
+        cfg = where_it_started(load_config(Path(resume) / CONFIG), RunDir(resume), {})
+    report = preflight(cfg)
     return int(report.get("data/train_skipped_rows", 0) + report.get("data/val_skipped_rows", 0))
 
 

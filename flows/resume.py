@@ -28,7 +28,7 @@ from flows.preflight import PreflightError
 from flows.run_dir import RunDir
 from flows.run_lock import acquire_run_lock, release_run_lock
 from hybridflow.config import ExperimentConfig, flatten_config, load_config
-from hybridflow.layout import CONFIG, RUN_INFO
+from hybridflow.layout import CONFIG, RUN_INFO, SUMMARY
 
 IDENTITY_KEYS = ("trainer.run_id", "trainer.run_dir", "trainer.resume")
 FREE_KEYS = (*IDENTITY_KEYS, "trainer.resume_fallback")
@@ -52,6 +52,22 @@ def _with_identity(cfg: ExperimentConfig, saved: ExperimentConfig) -> Experiment
     return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=keep)})
 
 
+def where_it_started(cfg: ExperimentConfig, folder: RunDir, info: dict[str, Any]) -> ExperimentConfig:
+    """``cfg`` for resuming ``folder`` from any working directory: ``trainer.run_dir`` = the
+    folder's parent, absolute (so the default Prefect home is where the run started it,
+    ``<parent>/.prefect``), and, when the config names no ``tracking.mlflow_uri``, the MLflow URI
+    ``run.json`` recorded when the run started (absolute; a relative default would resolve against
+    the new working directory, where the run's MLflow run does not exist). A recorded URI whose
+    credentials were redacted is not used (the config or $MLFLOW_TRACKING_URI gives it again)."""
+    trainer = {"run_dir": folder.url.rsplit("/", 1)[0]}
+    recorded = info.get("mlflow_uri")
+    tracking = {}
+    if cfg.tracking.mlflow_uri is None and isinstance(recorded, str) and "***@" not in recorded:
+        tracking["mlflow_uri"] = recorded
+    return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer),
+                                  "tracking": cfg.tracking.model_copy(update=tracking)})
+
+
 def reconcile_resume_config(cfg: ExperimentConfig, run_dir: str | Path, *, apply: bool) -> ExperimentConfig:
     """The config a resume of ``run_dir`` runs with, given the requested ``cfg``.
 
@@ -63,7 +79,7 @@ def reconcile_resume_config(cfg: ExperimentConfig, run_dir: str | Path, *, apply
     saved = folder.read_config()
     changes = config_changes(saved, cfg)
     if not changes:
-        return _with_identity(cfg, saved)
+        return where_it_started(_with_identity(cfg, saved), folder, folder.run_info())
     if not apply:
         listed = ", ".join(f"{k}={new!r} (saved: {old!r})" for k, (old, new) in changes.items())
         raise PreflightError(
@@ -73,7 +89,7 @@ def reconcile_resume_config(cfg: ExperimentConfig, run_dir: str | Path, *, apply
     merged = _with_identity(cfg, saved)
     _record(folder, changes)
     folder.write_config(merged)
-    return merged
+    return where_it_started(merged, folder, folder.run_info())
 
 
 def _record(folder: RunDir, changes: dict[str, tuple[Any, Any]]) -> None:
@@ -139,6 +155,22 @@ def resolve_run_dir(cfg: ExperimentConfig, resume: str | None) -> tuple[Path, bo
     return parent / run_id, False
 
 
+def already_finished(cfg: ExperimentConfig, run_dir: str | Path) -> str | None:
+    """One line when the run in ``run_dir`` has nothing left to do for ``cfg`` (its summary was
+    written and its latest checkpoint is at ``trainer.total_iterations`` or beyond), naming how to
+    extend it; None when a resume has work to do."""
+    from workers.checkpoint import checkpoint_iteration, load_latest
+
+    folder = RunDir(run_dir)
+    latest = load_latest(folder.checkpoints) if folder.exists(SUMMARY) else None
+    done = checkpoint_iteration(latest) if latest else None
+    total = cfg.trainer.total_iterations
+    if done is None or done < total:
+        return None
+    return (f"run {folder.url} already finished ({done} of {total} iterations); nothing to do. To train further: "
+            f"hybridflow train --resume {folder.url} trainer.total_iterations={done + total}")
+
+
 @contextmanager
 def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
                   apply_overrides: bool = False) -> Iterator[tuple[ExperimentConfig, str | None]]:
@@ -171,4 +203,5 @@ def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
         release_run_lock(run_dir, remove_empty_dir=not reopen)
 
 
-__all__ = ["latest_run", "resolve_run_dir", "owned_run_dir", "config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS"]
+__all__ = ["latest_run", "resolve_run_dir", "owned_run_dir", "config_changes", "reconcile_resume_config", "resume_target", "IDENTITY_KEYS", "FREE_KEYS",
+           "where_it_started", "already_finished"]

@@ -176,11 +176,12 @@ def held_locks() -> list[str]:
 
 
 @atexit.register
-def _release_all() -> None:
+def release_all() -> None:
+    """Release every run lock this process holds (at exit, or when a second signal ends it at once)."""
     for path in list(_HELD):
         _HELD[path] = 1
         release_run_lock(Path(path).parent)
 
 
 __all__ = ["LOCK_NAME", "RunLockedError", "acquire_run_lock", "release_run_lock", "read_holder",
-           "holder_is_alive", "process_start_time", "held_locks"]
+           "holder_is_alive", "process_start_time", "held_locks", "release_all"]

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from flows.feeds import PromptFeed, save_prompts
-from flows.resume import resolve_run_dir
+from flows.resume import resolve_run_dir, where_it_started
 from flows.run_dir import RunDir
 from flows.trainer_state import TrainerState
 from hybridflow.agents.render import marked_conversation
@@ -164,7 +164,7 @@ class RunSession:
             "checkpoint": load_latest(self.dir.checkpoints),
             "reward_first": scores[0] if scores else None,
             "reward_last": scores[-1] if scores else None,
-            "val_before": val_keys(self.validations[vals[0]]) if vals else {},
+            "val_before": val_keys(self.validations[0]) if 0 in self.validations else {},  # before training only
             "val_after": val_keys(self.validations[vals[-1]]) if vals else {},
             **self.info,
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -262,8 +262,9 @@ def _reopen(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
     # the saved run defines the experiment; the caller may extend it (e.g. more iterations)
     merged = saved.model_copy(update={"trainer": saved.trainer.model_copy(
         update={"total_iterations": max(cfg.trainer.total_iterations, saved.trainer.total_iterations)})})
-    session = RunSession(merged, run_dir, resumed=True)
-    session.info = run_dir.run_info()
+    info = run_dir.run_info()
+    session = RunSession(where_it_started(merged, run_dir, info), run_dir, resumed=True)  # whatever the cwd
+    session.info = info
     _settle_precision(session)
     session.trainer.mlflow_run_id = session.info.get("mlflow_run_id")
     session.restore()

@@ -1,29 +1,27 @@
 """Start and stop what a command needs, in one place: ``with services(cfg, ...):``.
 
 ``hybridflow train``, ``hybridflow eval`` and ``hybridflow node run`` each run inside it. On entry it
-makes SIGTERM unwind like Ctrl-C (:func:`stop_on_sigterm`), optionally starts the reaper watchdog
+makes SIGTERM and SIGHUP unwind like Ctrl-C (:func:`stop_on_sigterm`), optionally starts the reaper watchdog
 (:func:`flows.runtime.start_reaper`: what the command starts dies with it, even after a SIGKILL),
 uses ``$PREFECT_API_URL`` or starts a local Prefect server on 127.0.0.1
 (:func:`flows.runtime.ensure_prefect_api`; Prefect's server-less ephemeral mode does not work under
 Ray), and optionally starts Ray now (else whatever runs inside starts it on demand,
 :func:`flows.runtime.ensure_ray`). On exit, however the body ends, it stops what it started and
 nothing else: Ray if it was not running on entry, then the Prefect server after sending Prefect's
-queued logs and events (:func:`drain_prefect_services`); the previous SIGTERM handler is restored.
+queued logs and events (:func:`drain_prefect_services`); the previous signal handlers are restored.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows import runtime
+from flows import runtime, signals
 from workers.runtime import ray_running, stop_ray
 
 
@@ -42,18 +40,14 @@ def default_prefect_home(cfg: Any) -> str:
     return str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
 
 
-def stop_on_sigterm() -> Any:
-    """SIGTERM (``timeout``, ``kill``, a scheduler stopping the job) unwinds like Ctrl-C, so the
-    ``finally`` blocks stop Ray and the Prefect server this command started, and release the run
-    folder's lock, instead of leaving them behind. Exit status 143 (128 + SIGTERM). Returns the
-    previous handler (None off the main thread, where handlers cannot be set)."""
-
-    def _terminate(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    if threading.current_thread() is threading.main_thread():
-        return signal.signal(signal.SIGTERM, _terminate)
-    return None
+def stop_on_sigterm(prefect: bool = False) -> Any:
+    """SIGINT, SIGTERM (``timeout``, ``kill``, a scheduler stopping the job) and SIGHUP unwind
+    alike (:mod:`flows.signals`, also inside Prefect flow runs), so the ``finally`` blocks stop Ray
+    and the Prefect server this command started, and release the run folder's lock, instead of
+    leaving them behind. Exit status 130/143/129. ``prefect``: also inside Prefect flow runs (whose
+    engine would install its own SIGTERM handler). Returns the previous handlers (None off the main
+    thread, where handlers cannot be set); :func:`flows.signals.restore` puts them back."""
+    return signals.install(prefect=prefect)
 
 
 def drain_prefect_services(timeout_s: float = 20.0) -> None:
@@ -80,7 +74,7 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
     reaper: start the reaper watchdog first.
     Raises RuntimeError when the Prefect API is unreachable or the server does not come up.
     """
-    previous = stop_on_sigterm()
+    previous = stop_on_sigterm(prefect=prefect)
     ray_was_running = ray_running()
     if reaper:
         runtime.start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
@@ -91,7 +85,7 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
             server = runtime.ensure_prefect_api(prefect_home or default_prefect_home(cfg))
         if ray:
             runtime.ensure_ray(cfg)
-            stop_on_sigterm()  # ray.init installs its own SIGTERM handler, which aborts the driver (exit -6)
+            stop_on_sigterm(prefect=prefect)  # ray.init installs its own SIGTERM handler, which aborts the driver (exit -6)
         yield Services(server.url if server else None, (server.home or "") if server else None)
     finally:
         try:
@@ -104,5 +98,4 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
                 if not api_url_before and os.environ.get("PREFECT_API_URL") == server.url:
                     del os.environ["PREFECT_API_URL"]  # exported by ensure_prefect_api for the server now stopped
             sys.stdout.flush()
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            signals.restore(previous)

@@ -20,6 +20,8 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +158,20 @@ class Tracker:
         self.client.set_terminated(self.run_id, status=status)
 
 
+# MLflow colours these UserWarnings with raw ANSI codes (mlflow.utils.warnings_utils.color_warning), so a
+# message filter must allow the escape before the text; shown, they put "\x1b[33m...color_warning(" in plain logs
+_MLFLOW_MODEL_HINTS = r"(\x1b\[[0-9;]*m)?(Add type hints to the `predict` method|An input example was not provided)"
+
+
+@contextmanager
+def quiet_mlflow_model_hints() -> Iterator[None]:
+    """Ignore MLflow's hints while logging our pyfunc model: it takes a DataFrame of prompts (no
+    type-hint schema wanted) and is logged without an input example (loading it would load the model)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_MLFLOW_MODEL_HINTS, category=UserWarning)
+        yield
+
+
 def log_hf_model(run_id: str, policy_dir: str, step: int, name: str = "policy") -> str:
     """Log an HF model folder as an MLflow pyfunc model (``flows/mlflow_model.py``, the folder as
     its ``hf_model`` artifact) linked to run ``run_id`` as an output at ``step``. No active run
@@ -166,8 +182,7 @@ def log_hf_model(run_id: str, policy_dir: str, step: int, name: str = "policy") 
     import transformers
     from mlflow.models import Model
 
-    with warnings.catch_warnings():  # the pyfunc takes a DataFrame of prompts; no type-hint schema wanted
-        warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
+    with quiet_mlflow_model_hints():
         info = Model.log(artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, step=step,
                          python_model=str(MODEL_FILE), artifacts={"hf_model": str(policy_dir)},
                          pip_requirements=[f"torch=={torch.__version__.split('+')[0]}",

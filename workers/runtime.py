@@ -6,6 +6,7 @@ The one place above which nothing starts or stops Ray (``flows.runtime.ensure_ra
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -55,8 +56,24 @@ def start_ray(*, address: str | None, num_cpus: float, num_gpus: float, **init_o
     # nice 15 any other process (Prefect server, driver) takes the CPU from them on a small machine
     os.environ.setdefault("RAY_worker_niceness", "0")
     loopback_ray()
+    quiet_token_auth_notice()
     init_local_ray(num_cpus=int(-(-num_cpus // 1)), num_gpus=int(-(-num_gpus // 1)) or None,
                    _node_ip_address="127.0.0.1", **init_options)
+
+
+class _NoTokenAuthNotice(logging.Filter):
+    """Ray's ``Token authentication is enabled for this Ray cluster`` WARNING on every local start:
+    token authentication is what we want (left on); the notice is noise on every run's console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Token authentication is enabled")
+
+
+def quiet_token_auth_notice() -> None:
+    """Drop Ray's token-authentication notice (only that one) from the driver's logs."""
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _NoTokenAuthNotice) for f in logger.filters):
+        logger.addFilter(_NoTokenAuthNotice())
 
 
 def init_local_ray(attempts: int = 3, **kwargs: Any) -> None:

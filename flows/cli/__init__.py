@@ -58,7 +58,8 @@ def error_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: sys.argv[1:]) and run the subcommand. Returns the exit code:
     0 done, 1 a run that stopped itself (flows.train.TrainingStopped) or failed to write, 2 a bad
-    argument or config (one line on stderr), 130 interrupted, 143 SIGTERM (as SystemExit)."""
+    argument or config (one line on stderr), 130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (one line,
+    :mod:`flows.signals`, whatever exception the signal became on its way up)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args._command_line = argv is None  # this process is the command itself (it may re-execute itself)
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         from flows.console import configure_console_logging
 
         configure_console_logging(verbose=args.verbose)  # before prefect is imported
+    from flows import signals
     from hybridflow.config import ConfigError
 
     try:
@@ -73,12 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(error_line(e), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a run that stopped itself (flows.train.TrainingStopped): one line, exit 1
+    except BaseException as e:  # noqa: BLE001 - a stop signal ends in one line, whatever it became
+        stop = signals.stop_reason(e)
+        if stop is None:
+            return _stopped_or_raise(e)
+        print(stop.line(), file=sys.stderr)
+        return stop.exit_code
+
+
+def _stopped_or_raise(e: BaseException) -> int:
+    """1 with one line for a run that stopped itself; anything else is raised again."""
+    if isinstance(e, Exception):  # a run that stopped itself (flows.train.TrainingStopped): one line, exit 1
         stopped = getattr(sys.modules.get("flows.train"), "TrainingStopped", None)
-        if stopped is None or not isinstance(e, stopped):
-            raise
-        print(str(e), file=sys.stderr)
-        return 1
+        if stopped is not None and isinstance(e, stopped):
+            print(str(e), file=sys.stderr)
+            return 1
+    raise e

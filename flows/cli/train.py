@@ -79,13 +79,17 @@ def _preflight(cfg, resume: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flows.console import storage_error_line
-    from flows.resume import owned_run_dir, resume_target
+    from flows.resume import already_finished, owned_run_dir, resume_target
     from flows.services import stop_on_sigterm
 
     stop_on_sigterm()  # from here on, SIGTERM unwinds: the run folder's lock is released too
     cfg, resume = resume_target(args.config, args.overrides, args.resume)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with owned_run_dir(cfg, resume, apply_overrides=args.override) as (cfg, resume):  # one run per folder
+        finished = already_finished(cfg, resume) if resume else None
+        if finished:  # nothing to train: start nothing
+            print(finished)
+            return 0
         _preflight(cfg, resume)  # data, model, reward function, run dir: before any server starts
         try:
             return _train_with_servers(args, cfg, resume)

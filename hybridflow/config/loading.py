@@ -90,6 +90,16 @@ def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(f"config error: {err}") from None
 
 
+def yaml_error_line(path: str | Path, e: yaml.YAMLError) -> str:
+    """One line for a file that is not valid YAML: ``config error: FILE:LINE:COLUMN: not valid
+    YAML: PROBLEM`` (1-based, where PyYAML marks the problem; PyYAML's own text spans 8 lines)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    return f"config error: {where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Load a YAML config (or defaults when ``path`` is None) and apply dotted overrides.
 
@@ -103,7 +113,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             loaded = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
-            raise ConfigError(f"config error: {p} is not valid YAML: {e}") from None
+            raise ConfigError(yaml_error_line(p, e)) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config error: {p} must hold a mapping at the top level")
         data = loaded or {}

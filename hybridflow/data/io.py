@@ -10,6 +10,7 @@ fsspec URIs.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,25 @@ def read_records(path: str) -> list[Any]:
     raise DataFileError(f"data file {path!r}: unknown format; use .parquet, .jsonl or a saved HF dataset folder")
 
 
+@dataclass(frozen=True)
+class UnreadableLine:
+    """A jsonl line that is not UTF-8 text, in place of its record: the row is bad (an error
+    naming ``line``, or dropped with ``data.on_bad_row=skip``), the rest of the file is read."""
+
+    line: int  # 1-based line number in the file
+    problem: str
+
+
 def _read_jsonl(fs: Any, fpath: str, path: str) -> list[Any]:
-    records = []
-    with fs.open(fpath, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    records: list[Any] = []
+    with fs.open(fpath, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                records.append(UnreadableLine(lineno, f"line {lineno} is not UTF-8 text "
+                                                      f"(byte 0x{raw[e.start]:02x} at column {e.start + 1})"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -94,4 +110,4 @@ def write_rows(rows: list[dict[str, Any]], path: str) -> None:
         raise DataFileError(f"cannot write {path!r}: use a .parquet or .jsonl name")
 
 
-__all__ = ["read_records", "write_rows", "DataFileError"]
+__all__ = ["read_records", "write_rows", "DataFileError", "UnreadableLine"]

@@ -23,7 +23,7 @@ from pathlib import PurePosixPath
 from typing import Any, overload
 
 from hybridflow.config import DataConfig
-from hybridflow.data.io import read_records
+from hybridflow.data.io import UnreadableLine, read_records
 
 MAX_REASONS = 100  # skip reasons kept (the count is exact)
 
@@ -96,6 +96,8 @@ def load_rows(files: Sequence[str], data_cfg: DataConfig, *, require_ground_trut
                 out.rows.append(_validate(record, path, i, f"{prefix}-{i}", data_cfg, require_ground_truth))
             except _Bad as bad:
                 message = f"{path}: row {i}: field {bad.field_name!r}: {bad.problem}"
+                if isinstance(record, UnreadableLine):  # named by its line: the row has no fields
+                    message = f"{path}: {record.problem}"
                 if data_cfg.on_bad_row == "error":
                     raise BadRowError(message + " (set data.on_bad_row=skip to drop such rows)") from None
                 out.skipped += 1
@@ -105,6 +107,8 @@ def load_rows(files: Sequence[str], data_cfg: DataConfig, *, require_ground_trut
 
 
 def _validate(rec: Any, path: str, i: int, uid: str, cfg: DataConfig, need_truth: bool) -> Row:
+    if isinstance(rec, UnreadableLine):
+        raise _Bad("<row>", rec.problem)
     if not isinstance(rec, dict):
         raise _Bad("<row>", f"expected an object, got {type(rec).__name__}")
     source = rec.get(cfg.data_source_key)

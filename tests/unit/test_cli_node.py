@@ -117,6 +117,17 @@ def test_output_may_not_overwrite_the_run(run_dir, capsys, output):
     assert _digest(run_dir) == before
 
 
+def test_a_missing_rollout_advises_an_iteration_not_a_node_run_that_is_refused(run_dir, capsys):
+    """Issue 40, defect 11: iteration 0 (validation before training) has no rollout; the advice must
+    work: `node run rollout` is refused, so name the iterations that saved one."""
+    (run_dir / "iter_000000").mkdir()
+    assert main(["node", "run", "advantage", "--run", str(run_dir), "--iteration", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "iteration 0 has no saved output of 'rollout'" in err
+    assert "node run rollout ...` first" not in err
+    assert "`node run rollout` cannot make it" in err and "iterations with a saved 'rollout': 1" in err
+
+
 def test_missing_iteration_lists_the_saved_ones(run_dir, capsys):
     assert main(["node", "run", "advantage", "--run", str(run_dir), "--iteration", "4"]) == 2
     assert "has no iteration 4; saved iterations: 1" in capsys.readouterr().err

@@ -207,15 +207,20 @@ def test_services_stops_ray_started_inside_the_body_and_on_errors(fakes, tmp_pat
 
 
 def test_sigterm_in_the_body_stops_the_services_with_exit_143(fakes, tmp_path):
+    from flows import signals
     from flows.services import services
 
     events, ray = fakes
-    with pytest.raises(SystemExit) as stop, services(_cfg(tmp_path), prefect_home=str(tmp_path / "h"), ray=True):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(30)  # the handler raises in this thread as soon as the signal is delivered
-        raise AssertionError("SIGTERM did not unwind the body")
-    assert stop.value.code == 128 + signal.SIGTERM
-    assert events[-2:] == ["drain", "server.stop"] and ray.shutdowns == 1
+    try:
+        with pytest.raises(signals.Stopped) as stop, \
+                services(_cfg(tmp_path), prefect_home=str(tmp_path / "h"), ray=True):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the handler raises in this thread as soon as the signal is delivered
+            raise AssertionError("SIGTERM did not unwind the body")
+        assert stop.value.stop.exit_code == 128 + signal.SIGTERM and stop.value.stop.reason == "terminated"
+        assert events[-2:] == ["drain", "server.stop"] and ray.shutdowns == 1
+    finally:
+        signals.reset()  # its watchdog would end this process
 
 
 def test_a_prefect_api_that_does_not_answer_stops_nothing_else(fakes, tmp_path, monkeypatch):

@@ -145,3 +145,15 @@ def test_rollout_correction_config_errors(overrides, fragment):
     with pytest.raises(ConfigError) as e:
         load_config(None, overrides)
     assert fragment in str(e.value) and "Traceback" not in str(e.value)
+
+
+def test_malformed_yaml_is_one_line_naming_file_line_and_column(tmp_path, capsys):
+    """Issue 40, defect 13: PyYAML's 8-line caret context becomes one line, FILE:LINE:COLUMN."""
+    from flows.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor:\n  lr: 1e-6\n  clip: [0.2\nrollout:\n  temperature: 1.0\n")
+    assert main(["config", "show", "-c", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"config error: {bad}:4:8: not valid YAML: "), err[0]

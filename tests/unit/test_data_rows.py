@@ -139,3 +139,19 @@ def test_write_rows_round_trip(tmp_path):
         assert [r.ground_truth for r in load_rows([str(tmp_path / name)], DataConfig())] == ["0", "1"]
     with pytest.raises(DataFileError, match="use a .parquet or .jsonl name"):
         write_rows(rows, str(tmp_path / "r.csv"))
+
+
+def test_a_row_that_is_not_utf8_is_named_by_its_line_and_can_be_skipped(tmp_path):
+    """Issue 40, defect 12: non-UTF-8 bytes in one jsonl row: the error names the line (not a byte
+    offset into the file), and data.on_bad_row=skip drops that row and keeps the others."""
+    path = tmp_path / "latin1.jsonl"
+    good = [json.dumps(_row(i)).encode() for i in range(3)]
+    bad = json.dumps(_row(9)).encode().replace(b'"9"', b'"caf\xe9"')
+    path.write_bytes(b"\n".join([good[0], good[1], bad, good[2]]) + b"\n")
+    column = bad.index(b"\xe9") + 1
+    with pytest.raises(BadRowError) as err:
+        load_rows([str(path)], DataConfig())
+    assert str(err.value) == (f"{path}: line 3 is not UTF-8 text (byte 0xe9 at column {column}) "
+                              "(set data.on_bad_row=skip to drop such rows)")
+    rows = load_rows([str(path)], DataConfig(on_bad_row="skip"))
+    assert [r.ground_truth for r in rows] == ["0", "1", "2"] and rows.skipped == 1

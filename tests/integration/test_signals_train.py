@@ -1,0 +1,100 @@
+"""SIGTERM in the middle of an iteration of a real ``hybridflow train`` (the Prefect flow on Ray, the
+tiny model, the CLI starting its own Prefect server and Ray): exit 143 with one line, the stop reason
+``terminated`` in run.json, no traceback and no Prefect ``Crash detected!`` line, the run lock
+released, and ``--resume`` finishes the run equal to an uninterrupted one (flows/signals.py;
+the fake-flow test: tests/unit/test_cli_train_signals.py). The run starts with today's defaults
+(``trainer.run_dir=runs`` relative, no MLflow URI) and is resumed from another working directory,
+which stays empty (defect 4: the resume uses the locations recorded when the run started)."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.compare_runs import compare
+from tests.integration.conftest import tiny_overrides
+from tests.train_process import start_train, train_env, wait_train
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from hybridflow.data import write_rows
+    from hybridflow.data.tasks import make_arith
+
+    d = tmp_path_factory.mktemp("signal-data")
+    write_rows(make_arith(8, difficulty=0, seed=31), str(d / "train.parquet"))
+    write_rows(make_arith(2, difficulty=0, seed=32), str(d / "val.parquet"))
+    return d
+
+
+def _args(runs: Path, data: Path, run_id: str) -> list[str]:
+    return tiny_overrides(str(runs), str(data / "train.parquet"), str(data / "val.parquet"), **{
+        "trainer.run_id": run_id, "trainer.total_iterations": "3", "trainer.save_every": "1"})
+
+
+def _defaults(args: list[str]) -> list[str]:
+    """``args`` with today's defaults for where things go: runs/ and mlflow.db in the working directory."""
+    return [a for a in args if not a.startswith(("tracking.mlflow_uri=", "trainer.run_dir="))] + ["trainer.run_dir=runs"]
+
+
+def _train(args: list[str], out: Path, err: Path, cwd: Path | None = None):
+    env = train_env(drop=("PREFECT_API_URL", "RAY_ADDRESS", "MLFLOW_TRACKING_URI"))
+    return start_train(args, log=out, err_log=err, env=env, **({"cwd": cwd} if cwd else {}))
+
+
+def _wait_mid_iteration_2(proc, run: Path, err: Path, timeout_s: float = 600) -> None:
+    """Until a node of iteration 2 has started (execution_log.jsonl)."""
+    deadline = time.monotonic() + timeout_s
+    log = run / "execution_log.jsonl"
+    while True:
+        assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "iteration 2 never started"
+        if log.exists() and any(json.loads(x).get("iteration") == 2 for x in log.read_text().splitlines() if x):
+            return
+        time.sleep(0.2)
+
+
+def test_sigterm_mid_iteration_exits_143_in_one_line_and_resumes(tmp_path, data):
+    runs = tmp_path / "runs"
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    run = home / "runs" / "stopped"
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    proc = _train(_defaults(_args(runs, data, "stopped")), out, err, cwd=home)
+    _wait_mid_iteration_2(proc, run, err)
+    time.sleep(0.5)  # inside the node's body
+    before = (len(out.read_bytes()), len(err.read_bytes()))  # what the start-up printed is not ours to judge
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    code = wait_train(proc, err, timeout_s=60)
+    took = time.monotonic() - t0
+    stdout = out.read_bytes()[before[0]:].decode(errors="replace")
+    stderr = err.read_bytes()[before[1]:].decode(errors="replace")
+    assert code == 143, stderr[-3000:]
+    assert took < 30, took
+    assert stderr.strip().splitlines()[-1] == "run stopped: terminated (SIGTERM)", stderr[-3000:]
+    for noise in ("Traceback", "Crash detected", "TerminationSignal", "SystemError"):
+        assert noise not in stdout + stderr, (noise, stderr[-3000:])
+    assert json.loads((run / "run.json").read_text())["stop_reason"] == "terminated"
+    assert not (run / "run.lock").exists()
+
+    code = wait_train(_train(["--resume", str(run)], out, err, cwd=elsewhere), err)
+    assert code == 0, err.read_text(errors="replace")[-3000:]
+    assert "stop_reason" not in {k for k, v in json.loads((run / "run.json").read_text()).items() if v}
+    assert list(elsewhere.iterdir()) == []  # no mlflow.db, no runs/.prefect here
+
+    code = wait_train(_train(_args(runs, data, "straight"), out, err), err)
+    assert code == 0, err.read_text(errors="replace")[-3000:]
+    report = io.StringIO()
+    with redirect_stdout(report):
+        equal = compare(run, runs / "straight")
+    assert equal, report.getvalue()

@@ -1,0 +1,134 @@
+"""One shutdown path for every signal (flows/signals.py): the stop reason, the exit status, the
+second signal and the watchdog, and Prefect's flow engine leaving our handler in charge. The real
+train flow under SIGTERM: tests/integration/test_signals_train.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows import signals
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    previous = {s: signal.getsignal(s) for s in signals.REASONS}
+    yield
+    signals.reset()
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
+@pytest.mark.parametrize("sig,reason,code", [(signal.SIGINT, "interrupted", 130),
+                                             (signal.SIGTERM, "terminated", 143),
+                                             (signal.SIGHUP, "hangup", 129)])
+def test_first_signal_records_the_reason_and_unwinds(sig, reason, code, monkeypatch):
+    monkeypatch.setattr(signals, "GRACE_S", 60.0)
+    signals.install()
+    with pytest.raises(KeyboardInterrupt) as stop:
+        os.kill(os.getpid(), sig)
+        time.sleep(10)
+    assert str(stop.value) == f"{reason} ({signal.Signals(sig).name})"  # never empty
+    got = signals.received()
+    assert (got.reason, got.exit_code) == (reason, code)
+    # whatever the exception became on its way up (Ray, Prefect, a C extension), the signal decides
+    assert signals.stop_reason(SystemError("<built-in method __new__> returned a result")) == got
+
+
+def test_without_a_signal_only_keyboard_interrupt_is_a_stop():
+    assert signals.stop_reason(RuntimeError("boom")) is None
+    assert signals.stop_reason(KeyboardInterrupt()).reason == "interrupted"
+
+
+def test_prefect_flow_runs_keep_our_sigterm_handler(monkeypatch):
+    """Prefect's flow engine enters capture_sigterm() for each flow run; ours must stay installed."""
+    import prefect.flow_engine as engine
+
+    monkeypatch.setattr(engine, "capture_sigterm", engine.capture_sigterm)  # undone after the test
+    signals.install(prefect=True)
+    with engine.capture_sigterm():
+        assert signal.getsignal(signal.SIGTERM) is signals._handle
+
+
+def test_observer_reason_from_a_signal_is_never_empty():
+    from flows.observe import stop_reason
+
+    assert stop_reason(KeyboardInterrupt()) == ("interrupted", "SIGINT")
+    assert stop_reason(RuntimeError("x")) == ("error", "x")
+
+
+# a command that holds a run lock and hangs while it unwinds: the second signal (or the watchdog)
+# must end it at once, releasing the lock, with one line
+SCRIPT = r"""
+import sys, time
+from pathlib import Path
+from flows import signals
+from flows.run_lock import acquire_run_lock
+run_dir = Path(sys.argv[1])
+signals.GRACE_S = float(sys.argv[2])
+signals.install()
+acquire_run_lock(run_dir)
+(run_dir / "started").write_text("")
+try:
+    time.sleep(120)
+finally:
+    (run_dir / "unwinding").write_text("")
+    time.sleep(120)  # a hung shutdown
+"""
+
+
+def _start(tmp_path: Path, grace_s: float) -> subprocess.Popen:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(run_dir), str(grace_s)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    _wait_for(run_dir / "started", proc)
+    return proc
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.1)
+
+
+def test_second_signal_exits_at_once_releasing_the_lock(tmp_path):
+    proc = _start(tmp_path, grace_s=120)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _wait_for(tmp_path / "run" / "unwinding", proc)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=20)
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 143  # the first signal's status
+    assert proc.stderr.read().strip().splitlines() == ["run stopped: terminated (SIGTERM)"]
+    assert not (tmp_path / "run" / "run.lock").exists()
+
+
+def test_a_hung_shutdown_ends_after_the_grace_period(tmp_path):
+    proc = _start(tmp_path, grace_s=2)
+    try:
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGHUP)
+        code = proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 129
+    assert proc.stderr.read().strip().splitlines() == ["run stopped: hangup (SIGHUP)"]
+    assert not (tmp_path / "run" / "run.lock").exists()
