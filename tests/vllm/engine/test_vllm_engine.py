@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import vllm  # noqa: F401  (this file runs inside the vLLM runtime: make test-vllm)
 
-vllm = pytest.importorskip("vllm", reason="runs inside the vLLM runtime: make test-vllm")  # noqa: F841
-
-from hybridflow.config import ModelConfig, RolloutConfig  # noqa: E402
-from hybridflow.models import apply_lora, load_causal_lm, load_tokenizer, tokenizer_stop_ids  # noqa: E402
-from workers.rollout.base import SamplingParams, get_rollout_engine  # noqa: E402
-from workers.rollout.vllm import VLLMRolloutEngine  # noqa: E402
-from workers.weights_endpoint import push_to_engine  # noqa: E402
+from hybridflow.config import ModelConfig, RolloutConfig
+from hybridflow.models import apply_lora, load_causal_lm, load_tokenizer, tokenizer_stop_ids
+from workers.rollout.base import SamplingParams, get_rollout_engine
+from workers.rollout.vllm import VLLMRolloutEngine
+from workers.weights_endpoint import push_to_engine
 
 MODEL = ModelConfig(path="tiny", tiny_hidden_size=128, tiny_layers=2, precision="fp32")
 LORA = MODEL.model_copy(update={"lora_rank": 8, "lora_alpha": 16})
