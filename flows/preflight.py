@@ -30,17 +30,13 @@ it brings up the pools, so a run started from a Prefect deployment fails as earl
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridflow.config import ConfigError, ExperimentConfig
+from flows.preflight_base import PreflightError, check_engine, check_run_dir  # noqa: F401 (re-exported)
+from hybridflow.config import ExperimentConfig
 from hybridflow.layout import CHECKPOINTS, CONFIG
-
-
-class PreflightError(ConfigError):
-    """A run cannot start: names the config key, the value and the problem."""
 
 
 @dataclass
@@ -52,23 +48,6 @@ class Datasets:
     val_set: Any | None
     report: dict[str, float] = field(default_factory=dict)
     skip_reasons: list[str] = field(default_factory=list)
-
-
-def check_run_dir(cfg: ExperimentConfig) -> Path:
-    """Create ``trainer.run_dir`` if needed and prove it is writable (a probe file is written and
-    removed). Returns the folder. Raises PreflightError naming the folder and the OS error."""
-    parent = Path(cfg.trainer.run_dir)
-    probe = parent / f".hybridflow-write-probe-{uuid.uuid4().hex[:8]}"
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise PreflightError(
-            f"trainer.run_dir={cfg.trainer.run_dir!r} is not writable ({e.strerror or e}); "
-            "point trainer.run_dir at a folder this process can create and write"
-        ) from None
-    return parent
 
 
 def check_models(cfg: ExperimentConfig) -> None:
@@ -86,16 +65,6 @@ def check_models(cfg: ExperimentConfig) -> None:
             resolve_model_path(value)
         except (FileNotFoundError, ValueError) as e:
             raise PreflightError(f"{key}={value!r}: {e}") from None
-
-
-def check_engine(cfg: ExperimentConfig) -> None:
-    """The rollout engine can run here: for ``rollout.engine: vllm`` the vLLM runtime (``make
-    setup-vllm``) exists and matches, the CPU and the config suit vLLM's build, the KV cache fits
-    (:func:`flows.preflight_vllm.check_vllm`); checked before any server starts, not when the
-    pool builds the engine."""
-    from flows.preflight_vllm import check_vllm
-
-    check_vllm(cfg, PreflightError)
 
 
 def check_context_length(cfg: ExperimentConfig) -> None:

@@ -39,7 +39,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.m
 
 
 def _error(line: str) -> Exception:
-    from flows.preflight import PreflightError
+    from flows.preflight_base import PreflightError
 
     return PreflightError(line)
 
@@ -320,11 +320,11 @@ def preflight_eval(target: Any, cfg: ExperimentConfig) -> None:
     :class:`flows.eval_plan.EvalTarget`) under its eval config: the folder the generations go to
     is writable, the rollout engine can run (:func:`flows.preflight.check_engine`), then
     :func:`check_inputs` on the evaluation data (no checkpoint is written)."""
-    from flows.preflight import check_run_dir
+    from flows.preflight_base import check_run_dir
 
     folder = Path(target.run_dir) / "evals" if target.run_dir else Path(cfg.trainer.run_dir) / "evals"
     cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"run_dir": str(folder)})})
-    from flows.preflight import check_engine
+    from flows.preflight_base import check_engine
 
     check_run_dir(cfg)
     check_engine(cfg)  # rollout.engine=vllm: its runtime, the CPU, the KV cache

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from flows.preflight import PreflightError
+from flows.preflight_base import PreflightError
 from flows.run_dir import RunDir
 from flows.run_lock import acquire_run_lock, release_run_lock
 from hybridflow.config import ExperimentConfig, flatten_config, load_config
@@ -187,7 +187,7 @@ def owned_run_dir(cfg: ExperimentConfig, resume: str | None, *,
         raise PreflightError("--override applies only with --resume (a new run takes its overrides as they are)")
     run_dir, reopen = resolve_run_dir(cfg, resume)
     if not reopen:
-        from flows.preflight import check_run_dir
+        from flows.preflight_base import check_run_dir
 
         check_run_dir(cfg)  # an unwritable trainer.run_dir is named as such, not as a lock failure
         cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"run_id": run_dir.name})})

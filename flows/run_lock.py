@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flows.preflight import PreflightError
+from flows.preflight_base import PreflightError
 from hybridflow.layout import RUN_LOCK
 
 LOCK_NAME = RUN_LOCK  # the name tests and callers import from here
