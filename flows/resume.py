@@ -123,6 +123,9 @@ def resume_target(config_path: str | None, overrides: list[str] | None,
         target = Path(resume)
     if not RunDir(target).is_run() or not RunDir(target).exists(CONFIG):
         raise PreflightError(f"--resume {resume}: {target} is not a run directory (no run.json / config.yaml)")
+    from flows.preflight_inputs import check_resume_files
+
+    check_resume_files(target)  # a damaged run.json is one line here, before anything reads it
     if config_path is None:
         cfg = load_config(target / CONFIG, overrides)
     return cfg, str(target)
