@@ -188,8 +188,12 @@ def model_precision(model_cfg: ModelConfig) -> ResolvedPrecision:
 
 
 def with_resolved_precision(cfg: ExperimentConfig, resolved: ResolvedPrecision) -> ExperimentConfig:
-    """``cfg`` with ``model.resolved_precision`` set (what the driver hands the pools)."""
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"resolved_precision": resolved})})
+    """``cfg`` with ``model.resolved_precision`` set (what the driver hands the pools), its
+    precision-dependent checks run again (``rollout.dtype: auto`` and ``actor.rollout_correction: auto``
+    follow the decision). Raises ValueError where the decision makes the config invalid."""
+    out = cfg.model_copy(update={"model": cfg.model.model_copy(update={"resolved_precision": resolved})})
+    out.check_resolved()
+    return out
 
 
 __all__ = [

@@ -190,9 +190,9 @@ class PolicyWorker(Generation, WeightPublisher):
         missing = [k for k in needed if k not in batch]
         if missing:
             raise BatchError(f"update_policy: batch lacks {missing} (has {batch.keys()})")
-        if a.rollout_correction != "none" and "rollout_log_probs" not in batch:
+        if self.cfg.rollout_correction != "none" and "rollout_log_probs" not in batch:
             raise BatchError(
-                f"update_policy: actor.rollout_correction={a.rollout_correction} needs rollout_log_probs (the "
+                f"update_policy: actor.rollout_correction={self.cfg.rollout_correction} needs rollout_log_probs (the "
                 f"behaviour policy's log-probs), which rollout.engine={self.cfg.rollout.engine} did not put in the "
                 f"batch (has {batch.keys()})"
             )
@@ -262,10 +262,10 @@ class PolicyWorker(Generation, WeightPublisher):
         """The policy loss's ``token_weights`` option and its metrics for ``actor.rollout_correction``
         ({} and {} for "none": the loss runs exactly as without a correction)."""
         a = self.cfg.actor
-        if a.rollout_correction == "none":
+        if self.cfg.rollout_correction == "none":
             return {}, {}
         weights, metrics = rollout_correction_weights(
-            old, mb["rollout_log_probs"], mask, a.rollout_correction,
+            old, mb["rollout_log_probs"], mask, self.cfg.rollout_correction,
             tis_threshold=a.tis_threshold, behav_weight_cap=a.behav_weight_cap,
         )
         return {"token_weights": weights}, metrics

@@ -69,9 +69,11 @@ class ActorConfig(_Section):
         "'rollout' for the in-process hf engine (same weights and precision: |diff| < 1e-4), else 'recompute' "
         "(always 'recompute' with a rollout_correction).",
     )
-    rollout_correction: Literal["none", "tis", "decoupled"] = Field(
+    rollout_correction: Literal["auto", "none", "tis", "decoupled"] = Field(
         "none",
         description="Off-policy correction of the policy loss by the behaviour (rollout) log-probs, per token "
+        "('auto' = 'tis' when the rollout dtype differs from the trainer's parameter dtype, else 'none'; "
+        "ExperimentConfig.rollout_correction is the resolved value, resolved with the precision) "
         "(hybridflow/algorithms/rollout_correction.py): 'tis' = truncated importance sampling, weight "
         "min(π_old/π_rollout, tis_threshold), detached (verl algorithm.rollout_correction rollout_is='token', "
         "slime --use-tis); 'decoupled' = AReaL's decoupled PPO (Fu et al. 2025, arXiv:2505.24298): the "

