@@ -178,12 +178,15 @@ class ExperimentConfig(_Section):
         self._check_rollout_engine()
 
     def _check_rollout_engine(self) -> None:
-        """The hf engine generates on the trainer's own module (so in its dtype); what vLLM's CPU build
-        cannot do (docs/engines.md): tensor parallelism, float16."""
-        if self.rollout.engine == "hf" and self.rollout_dtype != self._param_dtype:
+        """The hf engine generates on the trainer's own module, in its dtype or in bfloat16 against
+        float32 weights (bfloat16 copies per generate call); what vLLM's CPU build cannot do
+        (docs/engines.md): tensor parallelism, float16."""
+        bf16_on_fp32 = (self.rollout_dtype, self._param_dtype) == ("bfloat16", "float32")
+        if self.rollout.engine == "hf" and self.rollout_dtype != self._param_dtype and not bf16_on_fp32:
             raise ValueError(f"rollout.dtype={self.rollout.dtype} differs from the model's parameters "
                              f"({self._param_dtype}, model.precision={self.model.precision}): the hf engine generates "
-                             "on the trainer's module; drop rollout.dtype or use rollout.engine=vllm")
+                             "in the trainer's dtype, or in bfloat16 against float32 parameters; drop rollout.dtype "
+                             "or use rollout.engine=vllm")
         if self.rollout.engine != "vllm" or self.trainer.device != "cpu":
             return
         if self.rollout.tensor_parallel_size > 1:

@@ -99,13 +99,13 @@ class RolloutConfig(_Section):
         "rollout was 0.67-0.96x of the eager loop's speed after ~1-4 min of compiling (docs/benchmarks.md).",
     )
     packed_weights: bool = Field(
-        True, description="hf engine on a CPU: generate on oneDNN-packed float32 linear weights, packed once per "
-        "generate call (workers/rollout/packed_weights.py); 1.3-1.4x faster decode steps at 8-16 rows on a "
+        True, description="hf engine on a CPU: generate on oneDNN-packed linear weights (float32, or bfloat16 copies "
+        "with rollout.dtype: bfloat16), packed once per generate call (workers/rollout/packed_weights.py); 1.3-1.4x faster decode steps at 8-16 rows on a "
         "2-core CPU (docs/benchmarks.md). Log-probs equal to float rounding. Ignored on a GPU and with compile.",
     )
     fused_decode: bool = Field(
         True, description="hf engine on a CPU, single-turn with drop_finished_rows: Llama-family models (llama, "
-        "mistral, qwen2; float32, plain linears) prefill and decode through workers/rollout/fused_decode.py (fused "
+        "mistral, qwen2; float32 or bfloat16 weights, plain linears; decoding in rollout.dtype, KV cache included) prefill and decode through workers/rollout/fused_decode.py (fused "
         "q/k/v and gate/up products on packed weights, residual adds inside the products, a KV cache written in "
         "place), prepared once per generate call. Greedy tokens equal the model forward's; log-probs equal to "
         "float rounding. Other models, LoRA or a GPU decode through the model's forward.",

@@ -244,8 +244,9 @@ def test_what_the_fused_path_would_get_wrong_falls_back():
     assert "not transformers' LlamaForCausalLM" in why_not_fused(sub)
     # torch.compile's wrapper: generate decodes it, so no fused weights are made for nothing
     assert "torch.compile" in why_not_fused_engine(torch.compile(llama()))
-    # another dtype is named as such
-    assert "bfloat16" in why_not_fused(llama().to(torch.bfloat16))
+    # another dtype is named as such (bfloat16 weights decode fused since issue 41: test_rollout_bf16.py)
+    assert "float16" in why_not_fused(llama().to(torch.float16))
+    assert "float64" in why_not_fused(llama().to(torch.float64))
     # what turned it off is named
     ids, mask = prompts(["hello"])
     greedy = SamplingParams(max_new_tokens=2, temperature=0.0, n=1)

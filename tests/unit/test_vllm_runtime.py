@@ -52,8 +52,11 @@ def test_config_rules_of_vllms_cpu_build():
         _vllm_cfg(**{"rollout.tensor_parallel_size": 2, "trainer.device": "cpu"})
     with pytest.raises(ValueError, match="float16"):
         _vllm_cfg(**{"rollout.dtype": "float16", "trainer.device": "cpu"})
-    with pytest.raises(ValueError, match="hf engine generates on the trainer's module"):
-        load_config(ROOT / "examples" / "grpo_arith.yaml", ["rollout.dtype=bfloat16"])
+    with pytest.raises(ValueError, match="hf engine generates in the trainer's dtype, or in bfloat16"):
+        load_config(ROOT / "examples" / "grpo_arith.yaml", ["rollout.dtype=float16"])
+    # issue 41: the hf engine generates in bfloat16 against float32 parameters (then recomputes)
+    hf_bf16 = load_config(ROOT / "examples" / "grpo_arith.yaml", ["rollout.dtype=bfloat16"])
+    assert hf_bf16.rollout_dtype == "bfloat16" and not hf_bf16.old_log_probs_from_rollout
 
 
 def test_old_log_probs_are_recomputed_when_the_engine_or_dtype_differs():

@@ -31,8 +31,14 @@ scaling type it supports), scale ``head_dim ** -0.5``. Results differ from the u
 float rounding only (another summation order in the products and the norm); the equality tests
 in tests/unit/test_rollout_fused_decode.py bound greedy tokens (equal) and log-probs.
 
+bfloat16 (``rollout.dtype``, issue 41): ``FusedDecoder(model, rows, dtype=torch.bfloat16)`` prepares
+its weight copies in bfloat16 from the module's (float32 or bfloat16) weights at the start of each
+generate call, keeps the residual stream and the KV cache in bfloat16, takes the attention softmax in
+float32 (cast back), and returns float32 logits (so the log-softmax and rollout_log_probs are float32).
+float32 runs exactly as before.
+
 Supported: ``LlamaForCausalLM``, ``MistralForCausalLM`` (no sliding window) and
-``Qwen2ForCausalLM`` (q/k/v bias; no sliding window) with float32 CPU weights, SiLU MLPs, plain
+``Qwen2ForCausalLM`` (q/k/v bias; no sliding window) with float32 (or bfloat16) CPU weights, SiLU MLPs, plain
 ``nn.Linear`` projections (no LoRA or quantized layers), no forward hooks. Anything else
 returns None from :func:`fused_decoder` and decodes through the model's own forward.
 """
@@ -52,6 +58,7 @@ from workers.shared_prefix import forward_kwargs, unwrapped
 
 _SUPPORTED = {"llama", "mistral", "qwen2"}
 GROW_COLUMNS = 128  # KV-cache columns allocated beyond the prompt at first; doubled when full
+FUSED_DTYPES = (torch.float32, torch.bfloat16)  # module weights it reads, and dtypes it decodes in
 
 
 @dataclass
@@ -67,8 +74,8 @@ class _Layer:
 
 
 def _plain_tensor(w: object) -> bool:
-    """A plain (not DTensor / quantized / meta) non-empty float32 CPU parameter."""
-    return (isinstance(w, Tensor) and type(w.data) is Tensor and w.numel() > 0 and w.dtype == torch.float32
+    """A plain (not DTensor / quantized / meta) non-empty float32 or bfloat16 CPU parameter."""
+    return (isinstance(w, Tensor) and type(w.data) is Tensor and w.numel() > 0 and w.dtype in FUSED_DTYPES
             and w.device.type == "cpu")  # fmt: skip
 
 
@@ -82,7 +89,7 @@ def _plain(module: object, cls: type) -> bool:
 def _plain_linear(module: object, bias: bool | None = False) -> bool:
     """An ``nn.Linear`` that :mod:`workers.rollout.packed_weights` would pack, with a plain float32
     CPU weight and bias; bias: required (True), absent (False) or either (None)."""
-    if not packable(module):
+    if not packable(module, FUSED_DTYPES):
         return False
     if module.bias is not None and not _plain_tensor(module.bias):
         return False
@@ -123,9 +130,9 @@ def why_not_fused(model: nn.Module) -> str | None:
         return f"MLP with hidden_act={getattr(cfg, 'hidden_act', None)!r}, mlp_bias={getattr(cfg, 'mlp_bias', False)}"
     if getattr(cfg, "pretraining_tp", 1) not in (1, None):
         return "pretraining_tp > 1"
-    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()} - {"float32"})
-    if dtypes:
-        return f"weights in {', '.join(dtypes)}, not float32"
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    if len(dtypes) != 1 or dtypes[0] not in ("float32", "bfloat16"):
+        return f"weights in {', '.join(dtypes)}, not float32 (or all bfloat16)"
     hooked = [name or type(model).__name__ for name, m in model.named_modules()
               if m._forward_hooks or m._forward_pre_hooks]  # fmt: skip
     if hooked:
@@ -185,15 +192,20 @@ class FusedDecoder:
 
     Build with :func:`fused_decoder` inside ``torch.no_grad``; the prepared weights are copies,
     so build a new one after each weight update (the hf engine builds one per generate call).
+    dtype: what it decodes in (float32 or bfloat16; None = the model's weights' dtype): weights,
+    residual stream and KV cache; logits are returned in float32 either way.
     """
 
-    def __init__(self, model: nn.Module, rows_hint: int) -> None:
+    def __init__(self, model: nn.Module, rows_hint: int, dtype: torch.dtype | None = None) -> None:
         cfg = model.config
         inner = model.model
         self.model = model
-        self.embed = inner.embed_tokens.weight
+        self.dtype = dtype = inner.embed_tokens.weight.dtype if dtype is None else dtype
+        if dtype not in FUSED_DTYPES:
+            raise ValueError(f"fused decode: dtype {dtype} is not float32 or bfloat16")
+        self.embed = inner.embed_tokens.weight.to(dtype)
         self.rotary = inner.rotary_emb
-        self.norm_final = inner.norm.weight.detach()
+        self.norm_final = inner.norm.weight.detach().to(dtype)
         self.eps = float(cfg.rms_norm_eps)
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
@@ -203,7 +215,10 @@ class FusedDecoder:
 
         def pack(*weights: Tensor) -> Tensor:
             w = weights[0] if len(weights) == 1 else torch.cat(weights, 0)
-            return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), hint)
+            return torch.ops.mkldnn._reorder_linear_weight(w.detach().to(dtype).contiguous(), hint)
+
+        def vec(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().to(dtype).contiguous()
 
         self.layers: list[_Layer] = []
         layers = _run_layers(model)
@@ -211,19 +226,19 @@ class FusedDecoder:
             a, m = layer.self_attn, layer.mlp
             bias = None
             if a.q_proj.bias is not None:
-                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach().contiguous()
+                bias = vec(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
             self.layers.append(_Layer(
-                norm_in=layer.input_layernorm.weight.detach(),
+                norm_in=layer.input_layernorm.weight.detach().to(dtype),
                 qkv=pack(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), qkv_bias=bias,
-                o=pack(a.o_proj.weight), o_bias=None if a.o_proj.bias is None else a.o_proj.bias.detach().contiguous(),
-                norm_post=layer.post_attention_layernorm.weight.detach(),
+                o=pack(a.o_proj.weight), o_bias=vec(a.o_proj.bias),
+                norm_post=layer.post_attention_layernorm.weight.detach().to(dtype),
                 gate_up=pack(m.gate_proj.weight, m.up_proj.weight), down=pack(m.down_proj.weight)))
         self.eps_in = [float(layer.input_layernorm.variance_epsilon) for layer in layers]
         self.eps_post = [float(layer.post_attention_layernorm.variance_epsilon) for layer in layers]
         self.eps_final = float(inner.norm.variance_epsilon)
         head = model.get_output_embeddings()
         self.lm_head = pack(head.weight)
-        self.lm_bias = None if head.bias is None else head.bias.detach().contiguous()
+        self.lm_bias = vec(head.bias)
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.mask: Tensor | None = None
@@ -277,8 +292,8 @@ class FusedDecoder:
         """Fresh KV buffers [n, kv_heads, columns, head_dim] per layer and a mask [n, columns]
         (True beyond the prompt: every live row fills each new column)."""
         shape = (n, self.kv_heads, columns, self.head_dim)
-        self.keys = [torch.empty(shape, dtype=torch.float32, device=device) for _ in self.layers]
-        self.values = [torch.empty(shape, dtype=torch.float32, device=device) for _ in self.layers]
+        self.keys = [torch.empty(shape, dtype=self.dtype, device=device) for _ in self.layers]
+        self.values = [torch.empty(shape, dtype=self.dtype, device=device) for _ in self.layers]
         self.mask = torch.ones((n, columns), dtype=torch.bool, device=device)
 
     def _grow(self, n: int) -> None:
@@ -306,7 +321,7 @@ class FusedDecoder:
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """One decode step for the first n cache rows: tokens [n] int64 and their positions [n]
-        int64 → logits [n, vocab] float32. Writes the tokens' keys/values at column ``length``."""
+        int64 → logits [n, vocab] float32 (also when decoding in bfloat16). Writes the tokens' keys/values at column ``length``."""
         n, t, d = tokens.shape[0], self.length, self.head_dim
         nh, kvh = self.heads, self.kv_heads
         if t >= self.keys[0].shape[2]:
@@ -329,12 +344,18 @@ class FusedDecoder:
             # the query heads sharing a KV head are that head's query "positions" (no repeat_kv)
             q = qk[:, :nh].reshape(n, kvh, nh // kvh, d)
             scores = torch.matmul(q, keys[:n, :, : t + 1].transpose(-1, -2)).mul_(scale).add_(mask)
-            out = torch.matmul(torch.softmax(scores, -1), values[:n, :, : t + 1])  # [n, kvh, nh // kvh, D]
+            out = torch.matmul(self._softmax(scores), values[:n, :, : t + 1])  # [n, kvh, nh // kvh, D]
             h = _binary(out.reshape(n, nh * d), h, layer.o, "add", layer.o_bias)
             h = self._mlp(h, layer, i)
         self.length = t + 1
         h = F.rms_norm(h, (self.hidden,), self.norm_final, self.eps_final)
-        return _linear(h, self.lm_head, self.lm_bias)
+        return _linear(h, self.lm_head, self.lm_bias).float()
+
+    def _softmax(self, scores: Tensor) -> Tensor:
+        """Softmax over the last dim; in float32 (cast back) when decoding in bfloat16."""
+        if self.dtype == torch.float32:
+            return torch.softmax(scores, -1)
+        return torch.softmax(scores, -1, dtype=torch.float32).to(self.dtype)
 
 
 def _linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -353,12 +374,13 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
-def fused_decoder(model: nn.Module, rows_hint: int) -> FusedDecoder | None:
-    """A :class:`FusedDecoder` for ``model``, or None when :func:`why_not_fused` names a reason."""
+def fused_decoder(model: nn.Module, rows_hint: int, dtype: torch.dtype | None = None) -> FusedDecoder | None:
+    """A :class:`FusedDecoder` for ``model`` (decoding in ``dtype``), or None when
+    :func:`why_not_fused` names a reason."""
     if why_not_fused(model) is not None:
         return None
     with torch.no_grad():
-        return FusedDecoder(model, rows_hint)
+        return FusedDecoder(model, rows_hint, dtype)
 
 
 __all__ = ["FusedDecoder", "fused_decoder", "why_not_fused", "why_not_fused_engine"]

@@ -26,7 +26,7 @@ so left padding does not change a sequence's tokens or log-probs.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -78,7 +78,9 @@ class HFRolloutEngine:
     fused, else why it did not. ``capabilities``: continuing KV (:meth:`generate_continuing`),
     progress, compiled step, fused decode; it generates on the module it was built with (the
     workers' inference module: "shared_module"), a peft one included (LoRA), and ``load_weights``
-    copies a full state dict.
+    copies a full state dict. dtype: what it generates in (``rollout.dtype``; None = the model's
+    weights'): bfloat16 against a float32 model decodes fused in bfloat16 (weights, KV cache), else on
+    bfloat16-packed linears, else under autocast; log-probs stay float32 (issue 41).
     """
 
     capabilities = EngineCapabilities(
@@ -88,10 +90,12 @@ class HFRolloutEngine:
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64,
                  drop_finished_rows: bool = True, compile: bool = False,
-                 packed_weights: bool = True, fused_decode: bool = True) -> None:  # fmt: skip
+                 packed_weights: bool = True, fused_decode: bool = True,
+                 dtype: str | torch.dtype | None = None) -> None:  # fmt: skip
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; use hybridflow.models.prepare_tokenizer")
         self.model = model
+        self.dtype: torch.dtype | None = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.generation_batch_trajectories = generation_batch_trajectories
         self.drop_finished_rows = drop_finished_rows
@@ -112,7 +116,8 @@ class HFRolloutEngine:
     def from_config(cls, *, model: nn.Module, tokenizer: Any, model_cfg: Any, rollout_cfg: Any, device: Any = None):
         return cls(model, tokenizer, generation_batch_trajectories=rollout_cfg.generation_batch_trajectories,
                    drop_finished_rows=rollout_cfg.drop_finished_rows, compile=rollout_cfg.compile,
-                   packed_weights=rollout_cfg.packed_weights, fused_decode=rollout_cfg.fused_decode)
+                   packed_weights=rollout_cfg.packed_weights, fused_decode=rollout_cfg.fused_decode,
+                   dtype=None if rollout_cfg.dtype == "auto" else rollout_cfg.dtype)
 
     @property
     def compile_stats(self) -> dict[str, float]:
@@ -230,19 +235,25 @@ class HFRolloutEngine:
         try:
             if fused and self.fused_decode and self.fused_decode_reason is None:
                 with torch.no_grad():  # why_not_fused_engine has checked the model
-                    self._fused = FusedDecoder(unwrapped(self.model), hint)
+                    self._fused = FusedDecoder(unwrapped(self.model), hint, self.dtype)
                 self.packed_linears = 0
                 yield
                 return
-            if not self.packed_weights:
-                yield
-                return
-            with packed_linears(self.model, hint) as count:
-                self.packed_linears = count
+            cast = self._cast_dtype()
+            with ExitStack() as stack:
+                if self.packed_weights:
+                    self.packed_linears = stack.enter_context(packed_linears(self.model, hint, cast))
+                if cast is not None and not (self.packed_weights and self.packed_linears):
+                    stack.enter_context(torch.autocast(self.device.type, dtype=cast))
                 yield
         finally:
             self._fused = None
             self.model.train(was_training)
+
+    def _cast_dtype(self) -> torch.dtype | None:
+        """``dtype`` where it differs from the model's weights' (the products run in it), else None."""
+        weights = next(self.model.parameters()).dtype
+        return None if self.dtype is None or self.dtype == weights else self.dtype
 
     def _count_decode(self, row_steps: int, useful: int) -> None:
         self.decode_stats["row_steps"] += row_steps

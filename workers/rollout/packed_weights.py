@@ -45,9 +45,9 @@ def available() -> bool:
                 and hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight"))  # fmt: skip
 
 
-def packable(module: nn.Module) -> bool:
-    """True for an exact ``nn.Linear`` with a plain, non-empty float32 CPU weight, no hooks and no
-    forward of its own (see the module docstring)."""
+def packable(module: nn.Module, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
+    """True for an exact ``nn.Linear`` with a plain, non-empty CPU weight (and bias) of one of
+    ``dtypes`` (float32 by default), no hooks and no forward of its own (see the module docstring)."""
     w = getattr(module, "weight", None)
     return (
         type(module) is nn.Linear
@@ -55,8 +55,8 @@ def packable(module: nn.Module) -> bool:
         and type(w.data) is Tensor
         and w.numel() > 0
         and w.device.type == "cpu"
-        and w.dtype == torch.float32
-        and (module.bias is None or module.bias.dtype == torch.float32)
+        and w.dtype in dtypes
+        and (module.bias is None or module.bias.dtype == w.dtype)
         and "forward" not in module.__dict__
         and not module._forward_hooks
         and not module._forward_pre_hooks
@@ -71,9 +71,23 @@ def _packed_forward(module: nn.Linear, packed: Tensor, bias: Tensor | None, x: T
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def _cast_packed_forward(module: nn.Linear, packed: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
+    """The product on a weight packed in another dtype (bfloat16): x cast to it, the result cast
+    back to x's dtype (so the rest of the model runs in its own dtype)."""
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad
+                                              or (module.bias is not None and module.bias.requires_grad))
+    if needs_grad or torch.is_autocast_enabled("cpu") or x.dtype != module.weight.dtype:
+        return F.linear(x, module.weight, module.bias)
+    return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "").to(x.dtype)
+
+
 @contextmanager
-def packed_linears(model: nn.Module, batch_hint: int) -> Iterator[int]:
+def packed_linears(model: nn.Module, batch_hint: int, dtype: torch.dtype | None = None) -> Iterator[int]:
     """Run ``model``'s packable ``nn.Linear`` modules on oneDNN-packed weights inside the block.
+
+    dtype: the dtype the products run in (None or float32: the weights' own, as before;
+    bfloat16: float32 weights packed as bfloat16 copies, inputs cast to it and outputs cast back,
+    so the model's other ops and its KV cache stay in its own dtype; issue 41).
 
     batch_hint: the expected rows per call (oneDNN picks the layout for it; any row count
     still gives the right result). Yields the number of modules packed (0 when oneDNN is not
@@ -88,10 +102,12 @@ def packed_linears(model: nn.Module, batch_hint: int) -> Iterator[int]:
             for module in model.modules():
                 if not packable(module):
                     continue
+                cast = dtype is not None and dtype != module.weight.dtype
                 with torch.no_grad():
-                    packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), hint)
-                bias = None if module.bias is None else module.bias.detach().contiguous()
-                module.forward = partial(_packed_forward, module, packed, bias)
+                    w = module.weight.detach()
+                    packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous() if cast else w, hint)
+                bias = None if module.bias is None else module.bias.detach().to(packed.dtype).contiguous()
+                module.forward = partial(_cast_packed_forward if cast else _packed_forward, module, packed, bias)
                 patched.append(module)
         yield len(patched)
     finally:
