@@ -153,3 +153,14 @@ def test_the_engine_takes_the_resolved_rollout_dtype_from_the_config():
         cfg = ExperimentConfig(model={"precision": precision}, trainer={"device": "cpu"}, rollout={"dtype": "auto"})
         engine = build_engine(cfg, model=model, tokenizer=TOK, device=torch.device("cpu"))
         assert engine.dtype == want and engine._cast_dtype() == (want if want != torch.float32 else None)
+
+
+def test_the_compiled_steps_static_cache_takes_the_autocast_dtype():
+    """rollout.compile with rollout.dtype bfloat16 decodes under autocast: its K/V are bfloat16, so
+    is the static cache (float32 otherwise, as before). (Not compiled here: cache allocation only.)"""
+    from workers.rollout.compiled import CompiledDecodeStep
+
+    step = CompiledDecodeStep(llama())
+    assert step.cache(2, 64, None).layers[0].keys.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert step.cache(2, 64, None).layers[0].keys.dtype == torch.bfloat16

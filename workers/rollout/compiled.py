@@ -107,7 +107,7 @@ class CompiledDecodeStep:
     def cache(self, bucket: int, length: int, like: Tensor | None):
         """The StaticCache for (bucket, length), reset to empty; allocated on first use.
         like: a KV tensor [rows, kv heads, columns, head_dim] giving heads, head_dim, dtype and
-        device (None: taken from the model's config and parameters)."""
+        device (None: taken from the model's config and parameters, the dtype from autocast when on)."""
         from transformers import StaticCache
 
         config = self.model.config.get_text_config(decoder=True)
@@ -118,6 +118,8 @@ class CompiledDecodeStep:
             heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             dtype, device = param.dtype, param.device
+            if torch.is_autocast_enabled(device.type):  # rollout.dtype under autocast: K/V come in its dtype
+                dtype = torch.get_autocast_dtype(device.type)
         # dtype and device in the key: a model cast or moved after compiling gets caches of its own
         key = (bucket, length, heads, head_dim, dtype, str(device))
         cache = self._caches.get(key)
