@@ -1,6 +1,7 @@
 """Generation throughput: the ``hf`` rollout engine against a bare transformers ``generate`` loop.
 
     hybridflow bench rollout [--batches 1,8,64] [--lengths 64,256] [--repeats 3] [--model PATH]
+                             [--dtype float32|bfloat16]
     hybridflow bench rollout --engine vllm ...   (vLLM against the hf engine: bench/rollout_vllm.py)
 
 Both sides generate from the same left-padded chat prompts with the same model object in one
@@ -20,6 +21,9 @@ the limit from bench/results/peak.json is kept in the JSON as ``decode_limit_pea
 The limit counts decode FLOPs only while the measured time includes the prompt's prefill.
 The engine runs with its defaults (``rollout.fused_decode`` and ``rollout.packed_weights`` on);
 the JSON's ``engine`` entry says whether its last call ran fused (and why not, if not).
+``--dtype bfloat16``: the hf engine generates in bfloat16 (``rollout.dtype``) on the float32 model;
+the bare loop stays float32 (the reference), the peak probe runs in bfloat16 and the limit counts
+2-byte weights, so the limit is bfloat16's.
 Writes bench/results/rollout.json and the ``rollout`` table of docs/benchmarks.md.
 """
 
@@ -59,17 +63,19 @@ def engine_generate(engine, ids, mask, length: int, seed: int):
     return engine.generate(ids, mask, sampling).response_ids
 
 
-def decode_limit(model, batch: int, peak: dict | None) -> float | None:
-    """Tokens/s upper bound of decoding (see the module docstring); None without peak.json."""
+def decode_limit(model, batch: int, peak: dict | None, param_bytes: int | None = None) -> float | None:
+    """Tokens/s upper bound of decoding (see the module docstring); None without peak.json.
+    param_bytes: bytes per weight read (None: the parameters' own; 2 for a bfloat16 rollout)."""
     if not peak:
         return None
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes = sum(p.numel() * (param_bytes or p.element_size()) for p in model.parameters())
     flops = common.model_flops_per_token(model)["dense"]
     step = max(weight_bytes / (peak["bandwidth"]["read_gbs"] * 1e9), batch * flops / (peak["peak_gflops"] * 1e9))
     return batch / step
 
 
-def call_limit(model, batch: int, length: int, prompt_len: int, peak: dict | None) -> float | None:
+def call_limit(model, batch: int, length: int, prompt_len: int, peak: dict | None,
+               param_bytes: int | None = None) -> float | None:
     """Tokens/s upper bound of a whole generate call: ``length`` decode steps (each at least
     :func:`decode_limit`'s step time, the first of them fed the prompt's last token) plus the
     prefill of the other ``batch`` × (``prompt_len`` − 1) prompt positions (padding included, as
@@ -80,7 +86,7 @@ def call_limit(model, batch: int, length: int, prompt_len: int, peak: dict | Non
     cfg = model.config
     flops = common.model_flops_per_token(model)["dense"]
     prefill = batch * (prompt_len - 1) * (flops - 2.0 * cfg.vocab_size * cfg.hidden_size) / (peak["peak_gflops"] * 1e9)
-    return batch * length / (length * batch / decode_limit(model, batch, peak) + prefill)
+    return batch * length / (length * batch / decode_limit(model, batch, peak, param_bytes) + prefill)
 
 
 def profile_cell(model, engine, prompts, batch: int, length: int, pad_id: int, path: Path) -> None:
@@ -100,7 +106,7 @@ def profile_cell(model, engine, prompts, batch: int, length: int, pad_id: int, p
 
 
 def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_id: int,
-             probe_size: int = 2048, bandwidth_mb: int = 512) -> dict:
+             probe_size: int = 2048, bandwidth_mb: int = 512, dtype: str = "float32") -> dict:
     ids, mask = prompts[0][:batch], prompts[1][:batch]
     counter = {"seed": 0}
 
@@ -119,7 +125,7 @@ def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_
     runs = {
         "hf": side(lambda s: engine_generate(engine, ids, mask, length, s)),
         "bare": side(lambda s: bare_generate(model, ids, mask, length, pad_id, s)),
-        "peak_probe": lambda: square_gflops(probe_size),
+        "peak_probe": lambda: square_gflops(probe_size, dtype=dtype),
         "read_gbs_probe": lambda: bandwidth(bandwidth_mb, 2)["read_gbs"],
     }
     got = common.alternate(runs, repeats, warmup=False)
@@ -131,19 +137,19 @@ def run_cell(model, engine, prompts, batch: int, length: int, repeats: int, pad_
             "hf": common.stats(got["hf"]), "bare": common.stats(got["bare"]), "ratio": common.stats(ratios),
             "peak_alongside_gflops": common.stats(got["peak_probe"]),
             "read_gbs_alongside": common.stats(got["read_gbs_probe"]),
-            "decode_limit_tokens_per_s": decode_limit(model, batch, probed),
-            "call_limit_tokens_per_s": call_limit(model, batch, length, int(ids.shape[1]), probed),
+            "decode_limit_tokens_per_s": decode_limit(model, batch, probed, _BYTES[dtype]),
+            "call_limit_tokens_per_s": call_limit(model, batch, length, int(ids.shape[1]), probed, _BYTES[dtype]),
             "probe_size": probe_size, "bandwidth_mb": bandwidth_mb}
 
 
 def measure(model_path: str, batches: list[int], lengths: list[int], repeats: int,
             max_cell_tokens: int | None = None, profile: str | None = None, probe_size: int = 2048,
-            bandwidth_mb: int = 512) -> dict:
+            bandwidth_mb: int = 512, dtype: str = "float32") -> dict:
     from bench.peak import load_peak
     from workers.rollout.hf import HFRolloutEngine
 
     model, tok = common.load_model(model_path)
-    engine = HFRolloutEngine(model, tok, generation_batch_trajectories=max(batches))
+    engine = HFRolloutEngine(model, tok, generation_batch_trajectories=max(batches), dtype=dtype)
     prompts = common.prompt_batch(tok, max(batches))
     pad = int(tok.pad_token_id)
     engine_generate(engine, prompts[0][:2], prompts[1][:2], 4, 0)  # warm-up (allocations, kernels)
@@ -155,7 +161,7 @@ def measure(model_path: str, batches: list[int], lengths: list[int], repeats: in
             if max_cell_tokens and b * n > max_cell_tokens:
                 skipped.append([b, n])
                 continue
-            cell = run_cell(model, engine, prompts, b, n, repeats, pad, probe_size, bandwidth_mb)
+            cell = run_cell(model, engine, prompts, b, n, repeats, pad, probe_size, bandwidth_mb, dtype)
             cell["decode_limit_peak_json_tokens_per_s"] = decode_limit(model, b, peak)
             cells.append(cell)
             print(f"batch {b:3d} × {n:4d} tokens: hf {cell['hf']['median']:.1f} tok/s, bare "
@@ -163,7 +169,7 @@ def measure(model_path: str, batches: list[int], lengths: list[int], repeats: in
     if profile:
         b, n = (int(x) for x in profile.split("x"))
         profile_cell(model, engine, prompts, b, n, pad, common.RESULTS_DIR / "rollout_profile.txt")
-    return {"model": model_path, "repeats": repeats, "cells": cells, "skipped_cells": skipped,
+    return {"model": model_path, "repeats": repeats, "dtype": dtype, "cells": cells, "skipped_cells": skipped,
             "engine": {"fused_decode": engine.fused_decode_reason is None, "fused_decode_reason": engine.fused_decode_reason,
                        "packed_linears": engine.packed_linears},
             "peak_used": None if not peak else {"peak_gflops": peak["peak_gflops"],
@@ -193,9 +199,13 @@ def render(res: dict) -> str:
                 else f" The hf engine decoded through the model's forward ({eng['fused_decode_reason']}).")
     return "\n\n".join([
         common.measured_under(res["environment"]) + f" Model `{res['model']}`, {res['repeats']} alternating "
-        "runs per cell; tokens/s are medians." + path + note,
+        "runs per cell; tokens/s are medians; hf engine in " + res.get("dtype", "float32") + ", bare generate in "
+        "float32." + path + note,
         table,
     ])
+
+
+_BYTES = {"float32": 4, "bfloat16": 2}  # bytes per weight the engine reads, by --dtype
 
 
 def _ints(text: str) -> list[int]:
@@ -223,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip cells with batch × length above this (CPU time); they are listed as skipped")
     p.add_argument("--profile", metavar="BxN", default=None,
                    help="torch-profile one call of each side at batch B × N tokens (bench/results/rollout_profile.txt)")
+    p.add_argument("--dtype", choices=sorted(_BYTES), default="float32",
+                   help="the hf engine's rollout.dtype (the model stays float32; so does bare generate)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--probe-size", type=int, default=2048,
                    help="size of the square matmul peak probe run between each cell's runs")
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     common.set_threads(args.threads)
     res = common.write_result_and_render("rollout", measure(args.model, args.batches, args.lengths, args.repeats,
                                                               args.max_cell_tokens, args.profile, args.probe_size,
-                                                              args.bandwidth_mb),
+                                                              args.bandwidth_mb, args.dtype),
                                          render, out=args.out, docs=not args.no_docs)
     return 0 if res else 1
 

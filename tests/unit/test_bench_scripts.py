@@ -70,6 +70,26 @@ def test_rollout_smoke(tmp_path):
     assert res["engine"]["fused_decode"] and "through the fused step" in rollout.render(res)
 
 
+def test_rollout_smoke_in_bfloat16(tmp_path):
+    """--dtype bfloat16: the hf engine decodes fused in bfloat16; the limit counts 2-byte weights."""
+    from bench import common
+
+    out = tmp_path / "rollout.json"
+    argv = ["--model", "tiny", "--batches", "2", "--lengths", "3", "--repeats", "1", "--probe-size", "64",
+            "--bandwidth-mb", "8", "--dtype", "bfloat16", "--out", str(out), "--no-docs"]
+    assert rollout.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert res["dtype"] == "bfloat16" and res["engine"]["fused_decode"]
+    c = res["cells"][0]
+    probed = {"peak_gflops": c["peak_alongside_gflops"]["median"],
+              "bandwidth": {"read_gbs": c["read_gbs_alongside"]["median"]}}
+    model, _ = common.load_model("tiny")
+    assert c["decode_limit_tokens_per_s"] == pytest.approx(rollout.decode_limit(model, 2, probed, 2))
+    assert "hf engine in bfloat16" in rollout.render(res)
+    peak_res = {"bandwidth": {"read_gbs": 1.0}, "peak_gflops": 1e9}  # bandwidth bound: half the bytes, twice the rate
+    assert rollout.decode_limit(model, 1, peak_res, 2) == pytest.approx(2 * rollout.decode_limit(model, 1, peak_res))
+
+
 def test_bare_generate_makes_exactly_length_tokens():
     from bench import common
 
