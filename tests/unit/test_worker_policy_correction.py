@@ -79,3 +79,17 @@ def test_none_passes_no_weights_and_unit_weights_change_no_bit():
     after_tis = weights(tis.module)
     for name, w in weights(plain.module).items():
         assert torch.equal(w, after_tis[name]), name
+
+
+def test_auto_correction_with_a_bf16_rollout_is_tis_end_to_end():
+    """issue 41: rollout.dtype auto under bf16-mixed generates in bfloat16 on the float32 module, so
+    actor.rollout_correction auto is tis in the worker (the update reports the weights)."""
+    worker = PolicyWorker(tiny_cfg("model.precision=bf16-mixed", "rollout.dtype=auto", "actor.rollout_correction=auto"))
+    assert (worker.cfg.rollout_dtype, worker.cfg.rollout_correction) == ("bfloat16", "tis")
+    assert not worker.cfg.old_log_probs_from_rollout and worker.engine.dtype == torch.bfloat16
+    batch = _batch(worker)
+    assert worker.engine.fused_decode_reason is None  # generated fused, in bfloat16
+    metrics = worker.update_policy(batch, expected_version=0, batch_id="b0")
+    assert metrics[IS_MAX] == pytest.approx(math.exp(1.5), rel=1e-5) and worker.get_weights_version() == 1
+    auto_none = PolicyWorker(tiny_cfg("rollout.dtype=auto", "actor.rollout_correction=auto"))  # fp32: none
+    assert auto_none.cfg.rollout_correction == "none"
