@@ -107,7 +107,7 @@ def test_engine_generates_fused_in_bf16_on_a_float32_model_and_reports_the_gap()
     same = (a.response_ids == b.response_ids).all(-1)
     assert same.all()
     gap = (a.rollout_log_probs - b.rollout_log_probs)[a.response_mask].abs()
-    assert 0 < float(gap.max()) < 1e-2  # bf16 vs float32 trainer: measured max 2.5e-3
+    assert 0 < float(gap.max()) < 1e-2  # bf16 vs float32 engine: measured max 2.1e-3, mean 5.4e-4 (50 tokens)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the module is untouched
 
 
