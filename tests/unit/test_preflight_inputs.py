@@ -157,6 +157,7 @@ def test_full_disk_is_named_before_servers(inputs, tmp_path, capsys, monkeypatch
     import flows.preflight_inputs as pi
 
     real = shutil.disk_usage
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # a local Prefect home is part of the need
     monkeypatch.setattr(pi.shutil, "disk_usage", lambda p: real(p)._replace(free=50 << 20))
     code = main(args_for(tmp_path, str(inputs["good_data"]), **{"model.path": str(inputs["good_model"])}))
     captured = capsys.readouterr()
