@@ -69,7 +69,8 @@ COMMANDS: dict[str, tuple[list[str], list[str], str | None]] = {
          f"runs/{RUN}/checkpoints/iter_000001/trainer_state.json"),
     "hybridflow train -c examples/grpo_arith.yaml -v":
         ([*TINY_TRAIN, f"trainer.run_id={RUN}-v"], ["hybridflow run summary"], f"runs/{RUN}-v/summary.json"),
-    "hybridflow train --resume runs/<run_id>": ([], ["hybridflow run summary"], None),
+    # the run above finished: a resume of it says so and how to extend it, starting nothing (issue 40)
+    "hybridflow train --resume runs/<run_id>": ([], ["already finished", "trainer.total_iterations=2"], None),
     "hybridflow export runs/<run_id> --step 10 out/model":
         ([], [f"exported step 1 of {RUN} (weights_version 1) to out/model"], "out/model/hybridflow_export.json"),
     "hybridflow export runs/grpo-arith --step 20 out/grpo-arith-20":
