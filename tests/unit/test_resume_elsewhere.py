@@ -36,10 +36,10 @@ def _started_in(home: Path) -> Path:
 
 
 def test_resume_from_another_directory_uses_the_recorded_locations(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the run starts with today's defaults
     (tmp_path / "home").mkdir()
     (tmp_path / "elsewhere").mkdir()
     run = _started_in(tmp_path / "home")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path / "elsewhere")
 
     cfg, resume = resume_target(None, [], str(run))
@@ -58,6 +58,7 @@ def test_resume_from_another_directory_uses_the_recorded_locations(tmp_path, mon
 def test_a_configured_mlflow_uri_wins_and_redacted_ones_are_not_used(tmp_path, monkeypatch):
     from flows.resume import where_it_started
 
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the run starts with today's defaults
     (tmp_path / "home").mkdir()
     run = _started_in(tmp_path / "home")
     folder = RunDir(run)
