@@ -20,6 +20,8 @@ TINY = ["model.path=tiny", "model.tiny_hidden_size=128", "data.prompts_per_itera
         "data.max_prompt_tokens=448", "rollout.samples_per_prompt=2", "rollout.max_response_tokens=6",
         "rollout.kv_cache_gib=0.25", "actor.mini_batch_trajectories=4", "actor.micro_batch_trajectories=2",
         "actor.lr=1e-2", "trainer.total_iterations=2", "trainer.save_every=1", "trainer.val_every=0",
+        # float32 on both sides: the tests below bound the trainer/vLLM gap at float32 rounding
+        "model.precision=fp32",
         "trainer.val_before_train=false", "tracking.log_model=none", "tracking.system_metrics=false"]
 
 
