@@ -81,12 +81,9 @@ def check_vllm(cfg: ExperimentConfig, error: type[Exception]) -> None:
         if missing:
             raise error(f"rollout.engine=vllm: this CPU lacks {missing}, which vLLM's CPU build needs; "
                         "use rollout.engine=hf")
-        if cfg.rollout.tensor_parallel_size > 1:
-            raise error(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size}: vLLM on a CPU runs "
-                        "one process per engine; use 1")
-        if cfg.rollout_dtype == "float16":
-            raise error("rollout.dtype=float16 with rollout.engine=vllm on a CPU: vLLM's CPU build generates "
-                        "in float32 or bfloat16")
+        problem = cfg.vllm_cpu_problem()
+        if problem:
+            raise error(problem)
     model_config = _model_config(cfg)
     if on_cpu:
         problem = kv_cache_problem(cfg, model_config, psutil.virtual_memory().available)

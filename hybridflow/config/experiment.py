@@ -187,14 +187,22 @@ class ExperimentConfig(_Section):
                              f"({self._param_dtype}, model.precision={self.model.precision}): the hf engine generates "
                              "in the trainer's dtype, or in bfloat16 against float32 parameters; drop rollout.dtype "
                              "or use rollout.engine=vllm")
-        if self.rollout.engine != "vllm" or self.trainer.device != "cpu":
-            return
+        if self.rollout.engine == "vllm" and self.trainer.device == "cpu":
+            problem = self.vllm_cpu_problem()
+            if problem:
+                raise ValueError(problem)
+
+    def vllm_cpu_problem(self) -> str | None:
+        """What vLLM's CPU build cannot do with this config (one line), else None: tensor parallelism
+        (one process per engine) and float16. Asked by config validation for ``trainer.device=cpu``
+        and by the vLLM preflight (flows/preflight_vllm.py) when ``auto`` finds no GPU."""
         if self.rollout.tensor_parallel_size > 1:
-            raise ValueError(f"rollout.tensor_parallel_size={self.rollout.tensor_parallel_size}: vLLM on a CPU "
-                             "(trainer.device=cpu) runs one process per engine; use 1")
+            return (f"rollout.tensor_parallel_size={self.rollout.tensor_parallel_size}: vLLM on a CPU runs one "
+                    "process per engine; use 1")
         if self.rollout_dtype == "float16":
-            raise ValueError("rollout.dtype=float16 (or model.precision=fp16-true) with rollout.engine=vllm on a CPU: "
-                             "vLLM's CPU build generates in float32 or bfloat16")
+            return ("rollout.dtype=float16 (or model.precision=fp16-true) with rollout.engine=vllm on a CPU: "
+                    "vLLM's CPU build generates in float32 or bfloat16")
+        return None
 
     @property
     def rollout_max_model_len(self) -> int | None:

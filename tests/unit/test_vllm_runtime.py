@@ -54,6 +54,10 @@ def test_config_rules_of_vllms_cpu_build():
         _vllm_cfg(**{"rollout.dtype": "float16", "trainer.device": "cpu"})
     with pytest.raises(ValueError, match="hf engine generates in the trainer's dtype, or in bfloat16"):
         load_config(ROOT / "examples" / "grpo_arith.yaml", ["rollout.dtype=float16"])
+    # trainer.device=auto is decided by the machine: the same rule, asked by the vLLM preflight
+    auto = _vllm_cfg(**{"rollout.tensor_parallel_size": 2})
+    assert auto.vllm_cpu_problem().startswith("rollout.tensor_parallel_size=2: vLLM on a CPU")
+    assert _vllm_cfg().vllm_cpu_problem() is None
     # issue 41: the hf engine generates in bfloat16 against float32 parameters (then recomputes)
     hf_bf16 = load_config(ROOT / "examples" / "grpo_arith.yaml", ["rollout.dtype=bfloat16"])
     assert hf_bf16.rollout_dtype == "bfloat16" and not hf_bf16.old_log_probs_from_rollout
