@@ -99,8 +99,24 @@ def ensure_prefect_api(home: str | Path) -> PrefectServer:
             raise RuntimeError(f"PREFECT_API_URL={url} is not reachable (GET {url}/health failed)")
         return PrefectServer(url, None, "")
     server = start_prefect_server(home)
-    os.environ["PREFECT_API_URL"] = server.url
+    set_prefect_api_url(server.url)
     return server
+
+
+def set_prefect_api_url(url: str | None) -> None:
+    """Export ``PREFECT_API_URL`` (or unset it, ``url=None``) for this process and the ones it starts,
+    and make Prefect in this process use it now. Prefect builds its settings once, from the
+    environment, when ``prefect`` is first imported (``prefect.context.GLOBAL_SETTINGS_CONTEXT``):
+    when anything imported Prefect before the URL was exported (the signal set-up imports its flow
+    engine), its flow runs would otherwise go to a server-less ephemeral API of their own
+    (``~/.prefect/prefect.db``, an extra server process in the driver) instead of the run's server."""
+    if url is None:
+        os.environ.pop("PREFECT_API_URL", None)
+    else:
+        os.environ["PREFECT_API_URL"] = url
+    context = sys.modules.get("prefect.context")
+    if context is not None:
+        context.refresh_global_settings_context()
 
 
 def start_reaper() -> subprocess.Popen:

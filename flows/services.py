@@ -96,6 +96,6 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
                 drain_prefect_services()
                 server.stop()
                 if not api_url_before and os.environ.get("PREFECT_API_URL") == server.url:
-                    del os.environ["PREFECT_API_URL"]  # exported by ensure_prefect_api for the server now stopped
+                    runtime.set_prefect_api_url(None)  # exported by ensure_prefect_api for the server now stopped
             sys.stdout.flush()
             signals.restore(previous)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import signal
+import sqlite3
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -45,9 +46,15 @@ def _defaults(args: list[str]) -> list[str]:
     return [a for a in args if not a.startswith(("tracking.mlflow_uri=", "trainer.run_dir="))] + ["trainer.run_dir=runs"]
 
 
-def _train(args: list[str], out: Path, err: Path, cwd: Path | None = None):
-    env = train_env(drop=("PREFECT_API_URL", "RAY_ADDRESS", "MLFLOW_TRACKING_URI"))
+def _train(args: list[str], out: Path, err: Path, cwd: Path | None = None, prefect_home: Path | None = None):
+    env = train_env(drop=("PREFECT_API_URL", "RAY_ADDRESS", "MLFLOW_TRACKING_URI"),
+                    **({"PREFECT_HOME": str(prefect_home)} if prefect_home else {}))
     return start_train(args, log=out, err_log=err, env=env, **({"cwd": cwd} if cwd else {}))
+
+
+def _flow_runs(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("select count(*) from flow_run where name not like 'iteration-%'").fetchone()[0]
 
 
 def _wait_mid_iteration_2(proc, run: Path, err: Path, timeout_s: float = 600) -> None:
@@ -69,7 +76,8 @@ def test_sigterm_mid_iteration_exits_143_in_one_line_and_resumes(tmp_path, data)
     elsewhere.mkdir()
     run = home / "runs" / "stopped"
     out, err = tmp_path / "out.log", tmp_path / "err.log"
-    proc = _train(_defaults(_args(runs, data, "stopped")), out, err, cwd=home)
+    driver_home = tmp_path / "driver-prefect-home"  # where a server-less ephemeral Prefect would write
+    proc = _train(_defaults(_args(runs, data, "stopped")), out, err, cwd=home, prefect_home=driver_home)
     _wait_mid_iteration_2(proc, run, err)
     time.sleep(0.5)  # inside the node's body
     before = (len(out.read_bytes()), len(err.read_bytes()))  # what the start-up printed is not ours to judge
@@ -91,6 +99,9 @@ def test_sigterm_mid_iteration_exits_143_in_one_line_and_resumes(tmp_path, data)
     assert code == 0, err.read_text(errors="replace")[-3000:]
     assert "stop_reason" not in {k for k, v in json.loads((run / "run.json").read_text()).items() if v}
     assert list(elsewhere.iterdir()) == []  # no mlflow.db, no runs/.prefect here
+    # the flow runs are in the run's own Prefect server, none in an ephemeral API of the driver
+    assert _flow_runs(home / "runs" / ".prefect" / "prefect.db") >= 2  # train (stopped), train (resumed)
+    assert not (driver_home / "prefect.db").exists()
 
     code = wait_train(_train(_args(runs, data, "straight"), out, err), err)
     assert code == 0, err.read_text(errors="replace")[-3000:]

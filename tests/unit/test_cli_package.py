@@ -256,3 +256,34 @@ def test_train_resume_errors_have_the_error_prefix(tmp_path, capsys, monkeypatch
                   "(no run.json / config.yaml)"
     assert main(["train", "-c", str(tmp_path / "none.yaml")]) == 2  # a ConfigError keeps its own prefix
     assert capsys.readouterr().err.strip() == f"config error: file {str(tmp_path / 'none.yaml')!r} does not exist"
+
+
+def test_prefect_imported_before_the_server_starts_still_uses_the_run_server(tmp_path):
+    """Prefect builds its settings when first imported; the CLI imports it (the signal set-up, the
+    flows) before ``ensure_prefect_api`` exports the URL of the server it starts. Flow runs must still
+    go to that server, not to a server-less ephemeral API of their own (``$PREFECT_HOME/prefect.db``,
+    an extra server inside the driver), and once ``services()`` ends Prefect forgets the URL again.
+    A fresh interpreter: no test's settings context in the way."""
+    script = f"""
+import os
+os.environ.pop("PREFECT_API_URL", None)
+os.environ["PREFECT_HOME"] = {str(tmp_path / "home")!r}
+import prefect  # imported first, as the CLI does
+from prefect.settings import get_current_settings
+import flows.runtime, flows.services
+
+class Server:
+    url, home = "http://127.0.0.1:9/api", "/nowhere"
+    def stop(self): pass
+
+flows.runtime.start_prefect_server = lambda home, **kw: Server()
+flows.services.drain_prefect_services = lambda: None
+with flows.services.services(None, prefect_home={str(tmp_path / "run-home")!r}) as s:
+    print("inside", s.prefect_url, get_current_settings().api.url)
+print("after", os.environ.get("PREFECT_API_URL"), get_current_settings().api.url)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-2] == "inside http://127.0.0.1:9/api http://127.0.0.1:9/api", proc.stdout
+    assert lines[-1] == "after None None", proc.stdout
