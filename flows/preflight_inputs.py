@@ -301,18 +301,37 @@ def check_inputs(cfg: ExperimentConfig, *, data_files: list[tuple[str, list[str]
 
 def check_resume_files(run_dir: str | Path) -> None:
     """A resumed run folder's ``run.json`` is a JSON object (what the run recorded: its MLflow run,
-    its Prefect flow run, its overrides); a damaged one is one line, not a traceback later."""
+    its Prefect flow run, its overrides); a damaged one is one line, not a traceback later. Its
+    run format is one this code reads (:func:`check_run_format`)."""
     from flows.run_dir import RunDir
 
     folder = RunDir(Path(run_dir))
     try:
-        folder.run_info()
+        info = folder.run_info()
     except ValueError as e:  # json.JSONDecodeError is one
         what = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
         raise _error(f"--resume {run_dir}: {folder.run_info_file} is damaged ({what}); restore it from a backup "
                      "or start a new run") from None  # fmt: skip
     except UnicodeDecodeError as e:
         raise _error(f"--resume {run_dir}: {folder.run_info_file} is not UTF-8 text ({e.reason})") from None
+    check_run_format(run_dir, info)
+
+
+def check_run_format(run_dir: str | Path, info: dict[str, Any]) -> None:
+    """The run folder ``run_dir`` (its ``run.json`` as ``info``) was written in a run format this
+    hybridflow reads: ``run_format`` 1..:data:`hybridflow.layout.RUN_FORMAT` (absent: 1, a folder
+    from before the format was recorded). A newer or unknown format (another hybridflow wrote it) is
+    one line naming the folder, the version and format that wrote it and ours (PreflightError)."""
+    from hybridflow import __version__
+    from hybridflow.layout import RUN_FORMAT
+
+    fmt = info.get("run_format", 1)
+    if isinstance(fmt, int) and not isinstance(fmt, bool) and 1 <= fmt <= RUN_FORMAT:
+        return
+    wrote = info.get("hybridflow_version", "an unknown version")
+    raise _error(f"--resume {run_dir}: this run folder was written by hybridflow {wrote} in run format {fmt!r}; this "
+                 f"hybridflow {__version__} reads run formats 1 to {RUN_FORMAT}: resume it with the hybridflow that "
+                 "wrote it, or start a new run")  # fmt: skip
 
 
 def preflight_eval(target: Any, cfg: ExperimentConfig) -> None:
@@ -346,4 +365,4 @@ def check_model_tokenizer(key: str, value: str) -> None:
 
 __all__ = ["PREFECT_HOME_BYTES", "GGUFSummary", "gguf_summary", "safetensors_problem", "check_model",
            "check_data_decodable", "checkpoint_bytes", "check_free_space", "run_disk_need", "check_inputs",
-           "check_model_tokenizer", "check_resume_files", "preflight_eval"]  # fmt: skip
+           "check_model_tokenizer", "check_resume_files", "check_run_format", "preflight_eval"]  # fmt: skip

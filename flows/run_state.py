@@ -18,7 +18,9 @@ from flows.resume import resolve_run_dir, where_it_started
 from flows.run_dir import RunDir
 from flows.trainer_state import TrainerState
 from hybridflow.agents.render import marked_conversation
+from hybridflow import __version__
 from hybridflow.config import ExperimentConfig
+from hybridflow.layout import RUN_FORMAT
 from tasks.common import RunContext, load_node_output
 from tasks.types import NodeResult
 from workers.pool import namespace_for
@@ -221,7 +223,7 @@ def _create(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
     decided = decide_precision(cfg)  # before the folder exists: a failure leaves no half-made run
     run_dir.create(cfg)
     session = RunSession(cfg, run_dir, resumed=False)
-    session.bind(precision=decided.model_dump(mode="json"))
+    session.bind(precision=decided.model_dump(mode="json"), run_format=RUN_FORMAT, hybridflow_version=__version__)
     _settle_precision(session)
     return session
 
@@ -263,8 +265,13 @@ def _reopen(cfg: ExperimentConfig, run_dir: RunDir) -> RunSession:
     merged = saved.model_copy(update={"trainer": saved.trainer.model_copy(
         update={"total_iterations": max(cfg.trainer.total_iterations, saved.trainer.total_iterations)})})
     info = run_dir.run_info()
+    from flows.preflight_inputs import check_run_format
+
+    check_run_format(run_dir.url, info)  # a deployment's flow run (no CLI preflight) refuses here too
     session = RunSession(where_it_started(merged, run_dir, info), run_dir, resumed=True)  # whatever the cwd
     session.info = info
+    if "run_format" not in info:  # a folder from before the format was recorded is format 1: say so
+        session.bind(run_format=1)
     _settle_precision(session)
     session.trainer.mlflow_run_id = session.info.get("mlflow_run_id")
     session.restore()

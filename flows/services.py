@@ -35,6 +35,34 @@ class Services:
     prefect_home: str | None
 
 
+#: Exported while :func:`services` holds a local Prefect server: that server's folder, absolute. The
+#: train flow records it in run.json (``prefect_home``, :func:`prefect_location`), so ``--resume``
+#: goes back to the same server database whatever the working directory (:func:`resume_prefect_home`).
+PREFECT_HOME_ENV = "HYBRIDFLOW_PREFECT_HOME"
+
+
+def prefect_location() -> dict[str, str]:
+    """``{"prefect_home": <absolute folder>}`` of the local Prefect server this command started, for
+    run.json; {} when the API is the user's (``$PREFECT_API_URL``) or no server was started here."""
+    home = os.environ.get(PREFECT_HOME_ENV)
+    return {"prefect_home": home} if home else {}
+
+
+def resume_prefect_home(given: str | None, resume: str | None) -> str | None:
+    """The Prefect home a command uses: ``--prefect-home`` when given; else, resuming, the one the
+    run recorded when it started (run.json ``prefect_home``, absolute); else None (the default,
+    :func:`default_prefect_home`)."""
+    if given or not resume:
+        return given
+    from flows.run_dir import RunDir
+
+    try:
+        recorded = RunDir(resume).run_info().get("prefect_home")
+    except (OSError, ValueError):  # a damaged run.json was refused by the preflight already
+        return None
+    return recorded if isinstance(recorded, str) and os.path.isabs(recorded) else None
+
+
 def default_prefect_home(cfg: Any) -> str:
     """``<trainer.run_dir>/.prefect`` (absolute): where a local Prefect server keeps its SQLite db."""
     return str(Path(cfg.trainer.run_dir).resolve() / ".prefect")
@@ -80,9 +108,12 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
         runtime.start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
     server = None
     api_url_before = os.environ.get("PREFECT_API_URL")  # unset: ensure_prefect_api exports its server's
+    home_before = os.environ.get(PREFECT_HOME_ENV)
     try:
         if prefect:
             server = runtime.ensure_prefect_api(prefect_home or default_prefect_home(cfg))
+            if server.home:
+                os.environ[PREFECT_HOME_ENV] = str(Path(server.home).resolve())
         if ray:
             runtime.ensure_ray(cfg)
             stop_on_sigterm(prefect=prefect)  # ray.init installs its own SIGTERM handler, which aborts the driver (exit -6)
@@ -97,5 +128,9 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
                 server.stop()
                 if not api_url_before and os.environ.get("PREFECT_API_URL") == server.url:
                     runtime.set_prefect_api_url(None)  # exported by ensure_prefect_api for the server now stopped
+            if home_before is None:
+                os.environ.pop(PREFECT_HOME_ENV, None)
+            else:
+                os.environ[PREFECT_HOME_ENV] = home_before
             sys.stdout.flush()
             signals.restore(previous)

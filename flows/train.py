@@ -24,6 +24,7 @@ from flows.iteration import IterationResult, build_dataflow, call_iteration, flo
 from flows.observe import RunObserver
 from flows.run_pools import open_pools
 from flows.run_state import RunSession, open_run
+from flows.services import prefect_location
 from flows.tracking import Tracker, redact
 from flows.trainer_state import TrainerState
 from hybridflow.config import ExperimentConfig, config_from_dict, load_config
@@ -239,7 +240,8 @@ def _open(cfg: ExperimentConfig, resume: str | None, flow_run_id: str) -> tuple[
     tracker = Tracker(state.cfg, run_name=state.run_id, mlflow_run_id=state.trainer.mlflow_run_id,
                       tags={"prefect.flow_run_id": flow_run_id, "hybridflow.run_dir": state.run_dir})
     tracker.set_tag("prefect.flow_run_id", flow_run_id)
-    state.bind(mlflow_run_id=tracker.run_id, mlflow_uri=redact(tracker.uri), prefect_flow_run_id=flow_run_id)
+    state.bind(mlflow_run_id=tracker.run_id, mlflow_uri=redact(tracker.uri), prefect_flow_run_id=flow_run_id,
+               **prefect_location())  # where a --resume finds the MLflow run and the Prefect server again
     get_run_logger().info("run %s in %s (MLflow run %s)", state.run_id, state.run_dir, tracker.run_id)
     _report_data(state, tracker)
     return state, tracker

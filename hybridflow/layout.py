@@ -37,6 +37,13 @@ LEGACY_CHECKPOINT_PREFIX = "step_"  # the checkpoint folder as runs before issue
 LATEST = "latest"  # checkpoints/latest: a text file naming the newest committed checkpoint folder
 BATCH_SUFFIXES = (".safetensors", ".json")  # a saved node output: <node>.safetensors + <node>.json
 
+#: The version of this layout and of what its files hold, recorded in run.json as ``run_format``
+#: (with ``hybridflow_version``) when a run starts. A resume reads formats 1..RUN_FORMAT (a run.json
+#: without ``run_format``, written before it was recorded, is format 1: the layout has not changed
+#: since) and refuses any other in one line (flows/preflight_inputs.py ``check_run_format``). Raise
+#: it, with a migration there, when a change makes older folders read differently.
+RUN_FORMAT = 1
+
 
 def iteration_name(iteration: int, prefix: str = ITERATION_PREFIX) -> str:
     """``iter_000007`` for 7 (six digits, zero padded; ``prefix`` for the legacy checkpoint name)."""

@@ -145,6 +145,7 @@ def _body(f: Callable, node_name: str, batch_params: frozenset[str]) -> Callable
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         run: RunContext = bound.arguments["run"]
+        _wait_if_retry(run, node_name)
         record_execution(run, node_name)
         start = time.perf_counter()
         _as_results(bound.arguments)
@@ -157,6 +158,21 @@ def _body(f: Callable, node_name: str, batch_params: frozenset[str]) -> Callable
     body.__signature__ = sig.replace(return_annotation=NodeResult)  # type: ignore[attr-defined]
     body.__annotations__ = {}  # Prefect must not validate inputs against user annotations
     return body
+
+
+def _wait_if_retry(run: RunContext, node_name: str) -> None:
+    """On a Prefect retry of this node (run count > 1), wait for the run's pools to be whole again
+    (:func:`tasks.pools.wait_for_run_pools`) before running it: a retry that came 1 s after an actor
+    died met the rank still restarting and was spent (issue 40)."""
+    from prefect.runtime import task_run
+
+    if (task_run.run_count or 1) <= 1:
+        return
+    from tasks.pools import wait_for_run_pools
+
+    waited = wait_for_run_pools(run)
+    if waited >= 0.5:
+        get_run_logger().info("retry of %s: waited %.1f s for the pools' ranks to be back", node_name, waited)
 
 
 def _task_options(node_name: str, retries: int, retry_delay_s: float, cache: bool) -> dict[str, Any]:

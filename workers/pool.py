@@ -229,6 +229,24 @@ def ensure_healthy(cfg: ExperimentConfig, pool: Pool, *, ckpt_root: str | None, 
     raise PoolError(f"pool {pool.name!r} did not recover within {wait_s}s: {last}")
 
 
+def wait_for_pools(cfg: ExperimentConfig, namespace: str, *, ckpt_root: str | None, wait_s: float) -> float:
+    """Wait (up to ``wait_s`` seconds per pool) until every pool of ``cfg.placement.pools`` that
+    exists in ``namespace`` answers with every rank ready (:func:`ensure_healthy`: a rank Ray is
+    restarting after its actor died is back, its latest checkpoint restored). What a retried node
+    does first (:func:`tasks.pools.wait_for_run_pools`), so a retry never meets a rank that is still
+    down, e.g. a tools-pool rank killed mid-call, which the node reaches only through another pool.
+    A pool not started (``eval`` starts fewer) is skipped. Returns the seconds waited; raises
+    PoolError naming the pool that did not come back."""
+    start = time.monotonic()
+    for name, pool_cfg in cfg.placement.pools.items():
+        try:
+            pool = get_pool(name, namespace, tuple(pool_cfg.roles))
+        except PoolError:
+            continue
+        ensure_healthy(cfg, pool, ckpt_root=ckpt_root, wait_s=wait_s)
+    return time.monotonic() - start
+
+
 def _replace_lost_ranks(cfg: ExperimentConfig, pool: Pool, ckpt_root: str | None) -> Pool | None:
     """A rank whose Ray node died never answers (its actor waits for a place its placement group
     allows). Rebuild the pool on the nodes that are left (restoring the latest checkpoint), or

@@ -103,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _train_with_servers(args: argparse.Namespace, cfg, resume: str | None) -> int:
     from flows.preflight import check_placement
-    from flows.services import services
+    from flows.services import resume_prefect_home, services
 
-    with services(cfg, prefect_home=args.prefect_home, ray=True, reaper=True) as running:
+    home = resume_prefect_home(args.prefect_home, resume)  # a resume goes back to the server the run started
+    with services(cfg, prefect_home=home, ray=True, reaper=True) as running:
         check_placement(cfg)
         from flows.train import train
 

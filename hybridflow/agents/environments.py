@@ -90,7 +90,9 @@ class ToolEnvironment:
 
     tools: the ``rollout.tools`` specs; tool_format: a registered format name; python_timeout_s,
     sandbox_walls, sandbox_disk_mb: the built-in ``python`` tool's limits (``rollout.multi_turn``). Malformed calls, unknown tools and tools that raise give
-    an error observation (counted in info: parse_errors, tool_errors; calls per tool in tool_calls).
+    an error observation (counted in info: parse_errors, tool_errors; calls per tool in tool_calls); a
+    tool whose own time limit cut it short (:class:`~hybridflow.agents.tools.TimedOutOutput`, the
+    ``python`` tool's sandbox timeout) counts in info's tool_timeouts.
     Reward is always None (the rule reward scores the final answer).
     """
 
@@ -118,7 +120,7 @@ class ToolEnvironment:
         if not calls:
             return StepResult(None, None, True, {})
         counts: Counter[str] = Counter()
-        errors = 0
+        errors = timeouts = 0
         messages = []
         for call in calls:
             counts[call.name] += 1
@@ -128,12 +130,15 @@ class ToolEnvironment:
                 content = f"error: unknown tool {call.name!r}; tools: {', '.join(tools)}"
             else:
                 try:
-                    content = str(tool(**call.arguments))
+                    raw = tool(**call.arguments)
+                    timeouts += isinstance(raw, tool_mod.TimedOutOutput)
+                    content = str(raw)
                 except Exception as e:  # noqa: BLE001 - a tool's failure is the model's observation
                     errors += 1
                     content = f"error: {call.name} raised {type(e).__name__}: {str(e)[:200]}"
             messages.append({"role": "tool", "name": call.name, "content": content})
-        return StepResult(messages, None, False, {"tool_calls": dict(counts), "tool_errors": errors})
+        return StepResult(messages, None, False, {"tool_calls": dict(counts), "tool_errors": errors,
+                                                   "tool_timeouts": timeouts})
 
 
 _TOOL_CACHE: dict[tuple[str, ...], dict[str, Callable[..., Any]]] = {}

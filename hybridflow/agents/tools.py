@@ -28,6 +28,12 @@ PYTHON_TOOL_DISK_MB = 64
 _warned_no_walls = False
 
 
+class TimedOutOutput(str):
+    """A tool's output cut short by the tool's own time limit (the built-in ``python`` tool's sandbox
+    timeout): the text is what the model sees; the tools environment counts it in ``tool/timeouts``
+    as it counts a call that outlived ``rollout.multi_turn.tool_timeout_s``. A user tool may return one."""
+
+
 class SandboxWallsError(RuntimeError):
     """The machine gives the ``python`` tool's sandbox no walls and ``sandbox_walls`` is 'required'."""
 
@@ -73,7 +79,7 @@ def python(code: str) -> str:
                    disk_mb=PYTHON_TOOL_DISK_MB)  # fmt: skip
     out = res.stdout + (res.stderr if res.stderr else "")
     if res.timed_out:
-        out += f"\n[timed out after {PYTHON_TOOL_TIMEOUT_S:g} s]"
+        return TimedOutOutput(out + f"\n[timed out after {PYTHON_TOOL_TIMEOUT_S:g} s]")
     return out if out.strip() else "[no output]"
 
 

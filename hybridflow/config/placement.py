@@ -53,6 +53,12 @@ class PlacementConfig(_Section):
     keep_pools: bool = Field(
         False, description="Keep the pools alive after the train flow ends (a cluster serving several runs)."
     )
+    retry_wait_s: float = Field(
+        60.0, ge=0, description="Seconds a retried node first waits for every pool's ranks to answer, ready "
+        "(a rank whose actor died is restarted by Ray and restores the latest checkpoint), so a retry never "
+        "meets a rank still down and one actor kill never spends all of a node's retries (issue 40). "
+        "A pool not back by then fails the retry, naming the pool.",
+    )
     ray_num_cpus: float | None = Field(
         None, gt=0, description="Logical CPUs of a local Ray (None = detected cores)."
     )

@@ -73,7 +73,7 @@ def test_tool_environment_steps():
     env = ToolEnvironment(["tests.unit.agent_fixtures:add", "tests.unit.agent_fixtures:boom"])
     res = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
     assert res.observation == [{"role": "tool", "name": "add", "content": "5"}] and not res.done
-    assert res.info == {"tool_calls": {"add": 1}, "tool_errors": 0}
+    assert res.info == {"tool_calls": {"add": 1}, "tool_errors": 0, "tool_timeouts": 0}
     res = env.step('<tool_call>{"name": "boom", "arguments": {"x": 1}}</tool_call>')
     assert "boom raised RuntimeError: boom" in res.observation[0]["content"] and res.info["tool_errors"] == 1
     res = env.step("<tool_call>{oops</tool_call>")

@@ -321,3 +321,14 @@ def test_kv_cache_continuation_equals_prefilling_again(runner, monkeypatch):
     assert torch.equal(outs[True].response_ids, outs[False].response_ids)
     assert torch.equal(outs[True].response_mask, outs[False].response_mask)
     assert torch.allclose(outs[True].rollout_log_probs, outs[False].rollout_log_probs, atol=1e-5)
+
+
+def test_the_python_tools_own_timeout_counts_in_tool_timeouts(runner):
+    """Issue 40: the sandboxed ``python`` tool's own timeout (0.75 x tool_timeout_s) came back as an
+    ordinary result and was not counted in tool/timeouts; only the runner's outer timeout was."""
+    cfg = {"tools": ["python"], "max_response_tokens": 200,
+           "multi_turn": {"tool_timeout_s": 2.0, "sandbox_walls": "optional"}}
+    out = rollout(runner, ScriptedEngine({"Q": [call("python", code="while True: pass"), "a"]}), cfg, ["Q"])
+    obs = out.non_tensors["messages"][0][-2]["content"]
+    assert "[timed out after 1.5 s]" in obs, obs
+    assert out.metrics["tool/timeouts"] == 1 and out.metrics["tool/errors"] == 0

@@ -260,6 +260,7 @@ class MultiTurnRollout:
     def _count(t: Trajectory, info: dict[str, Any]) -> None:
         t.tool_calls.update(info.get("tool_calls", {}))
         t.tool_errors += int(info.get("tool_errors", 0))
+        t.tool_timeouts += int(info.get("tool_timeouts", 0))  # a tool's own limit (the python sandbox's)
         t.parse_errors += int(info.get("parse_errors", 0))
 
     # ---- requests to the environment pool ------------------------------------------------------

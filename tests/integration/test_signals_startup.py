@@ -1,0 +1,61 @@
+"""SIGTERM during the start-up of a real ``hybridflow train`` (issue 40: every signal, not only
+mid-iteration): once the flow has opened the run (run.json written) and before the first iteration
+started, the CLI exits 143 with one line and no traceback, the run lock is released, nothing it
+started is left running, and ``--resume`` then finishes the run. Reuses the helpers of
+tests/integration/test_signals_train.py."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_signals_train import _args, _train, data  # noqa: F401 - fixture
+from tests.train_process import _process_tree, _start_time, wait_train
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _wait_opened_not_iterating(proc, run: Path, err: Path, timeout_s: float = 300) -> None:
+    """Until run.json exists (the flow opened the run) and no node has started (execution_log.jsonl)."""
+    deadline = time.monotonic() + timeout_s
+    while not (run / "run.json").exists():
+        assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "the run never opened"
+        time.sleep(0.05)
+    assert not (run / "execution_log.jsonl").exists(), "an iteration started before the signal"
+
+
+def test_sigterm_during_start_up_exits_143_in_one_line_leaves_nothing_and_resumes(tmp_path, data):  # noqa: F811
+    runs = tmp_path / "runs"
+    run = runs / "early"
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    args = [*_args(runs, data, "early"), "trainer.total_iterations=2"]
+    proc = _train(args, out, err)
+    _wait_opened_not_iterating(proc, run, err)
+    tree = _process_tree(proc.pid)
+    before = (len(out.read_bytes()), len(err.read_bytes()))
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    code = wait_train(proc, err, timeout_s=60)
+    took = time.monotonic() - t0
+    stdout = out.read_bytes()[before[0]:].decode(errors="replace")
+    stderr = err.read_bytes()[before[1]:].decode(errors="replace")
+    assert code == 143, stderr[-3000:]
+    assert took < 30, took
+    assert stderr.strip().splitlines()[-1] == "run stopped: terminated (SIGTERM)", stderr[-3000:]
+    for noise in ("Traceback", "Crash detected", "TerminationSignal", "SystemError"):
+        assert noise not in stdout + stderr, (noise, stderr[-3000:])
+    assert not (run / "run.lock").exists()
+    deadline = time.monotonic() + 30  # the reaper ends what is left of the tree
+    while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert alive == set(), f"still running after the CLI exited: {alive}"
+
+    code = wait_train(_train(["--resume", str(run)], out, err), err)
+    assert code == 0, err.read_text(errors="replace")[-3000:]
+    assert (run / "checkpoints" / "latest").read_text().strip().endswith("2")
+    assert json.loads((run / "run.json").read_text()).get("stop_reason") in (None, "")
