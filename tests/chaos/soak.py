@@ -31,7 +31,6 @@ tool run of it never calls a tool (the tool timeouts are tested on their own:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal

@@ -19,7 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.soak import KINDS, Soak, env_int, ledger, mount_tmpfs, overrides, plan, run_chaos, table, umount, write_data
+from tests.chaos.soak import (
+    KINDS,
+    Soak,
+    env_int,
+    ledger,
+    mount_tmpfs,
+    overrides,
+    plan,
+    run_chaos,
+    table,
+    umount,
+    write_data,
+)
 from tests.fixtures.compare_runs import compare
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(3600)]
