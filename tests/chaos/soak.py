@@ -146,7 +146,7 @@ def umount(path: Path) -> None:
 def fill(path: Path) -> Path:
     """A file that takes every free byte of ``path``'s file system."""
     filler = path / "chaos-filler.bin"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:  # unbuffered: the close must not flush into a full disk
         chunk = b"\0" * (1 << 20)
         try:
             while True:
