@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-cluster test-vllm setup-vllm install lint clean
+.PHONY: demo test test-slow test-cluster test-vllm test-chaos test-chaos-short setup-vllm install lint clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=...)"; exit 1; }
@@ -31,12 +31,12 @@ demo: $(STAMP) $(ARITH)
 
 # the suite that keeps under 30 minutes on a 2-core machine; the slow suites below run after it in CI (.ci/run)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=25 -m "not slow" tests --ignore=tests/cluster --ignore=tests/vllm
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=25 -m "not slow" tests --ignore=tests/cluster --ignore=tests/vllm --ignore=tests/chaos
 
 # slow: asynchronous training with killed workers and drivers resumed, reliability runs that kill real
 # processes, and the Prefect/MLflow servers a deployment runs on (tests marked `slow`, ~20 minutes).
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 -m slow tests --ignore=tests/cluster --ignore=tests/vllm
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 -m slow tests --ignore=tests/cluster --ignore=tests/vllm --ignore=tests/chaos
 
 # slow: a real multi-node Ray cluster (ray start processes on loopback) driven by `hybridflow train`,
 # Prefect's database on a PostgreSQL server the tests start (Debian's postgresql, installed if missing);
@@ -46,6 +46,22 @@ test-cluster: $(STAMP)
 		{ apt-get update -q && apt-get install -y -q postgresql; } || \
 		{ echo "test-cluster needs PostgreSQL's server binaries (apt-get install -y postgresql)"; exit 1; }
 	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 tests/cluster
+
+# the chaos soak (tests/chaos, docs/reliability.md): a seeded tiny-model run of 20 iterations hit by
+# faults at seeded random points (driver SIGKILL and SIGTERM, pool-actor and reward-worker kills, a
+# corrupt latest checkpoint, a full run folder), resumed after each, must end bitwise equal to the
+# uninterrupted run. CHAOS_SEED picks the points. The short form (5 faults, synchronous; corrupt_checkpoint
+# is its SIGKILL, so 3 driver restarts) runs in CI (.ci/run); the full form: 6 faults each in a synchronous
+# and an asynchronous run.
+CHAOS_SEED ?= 0
+test-chaos-short: $(STAMP)
+	CHAOS_SEED=$(CHAOS_SEED) CHAOS_FAULTS=5 CHAOS_MODES=sync CHAOS_ITERATIONS=20 \
+		CHAOS_KINDS=driver_sigterm,actor_kill,reward_crash,corrupt_checkpoint,enospc \
+		$(BIN)/python -m pytest -q -s -rs -x -p no:cacheprovider -m chaos tests/chaos
+
+test-chaos: $(STAMP)
+	CHAOS_SEED=$(CHAOS_SEED) CHAOS_FAULTS=6 CHAOS_MODES=sync,async CHAOS_ITERATIONS=20 \
+		$(BIN)/python -m pytest -q -s -rs -p no:cacheprovider -m chaos tests/chaos
 
 # the vLLM runtime: a second venv (.venv-vllm) for the pools with rollout.engine=vllm (docs/engines.md)
 setup-vllm: $(STAMP)

@@ -191,19 +191,25 @@ class ProcessPool:
                 self._time_out_the_rest()
                 break
             for w in self._workers:
-                while w.ready and len(w.units) < _DEPTH and self._pending:
-                    self._assign(w, self._pending.popleft())
+                while w.ready and len(w.units) < _DEPTH and self._pending and self._assign(w, self._pending[0]):
+                    self._pending.popleft()
             starting, t0 = not any(w.ready for w in self._workers), time.monotonic()
             self._poll(deadline)
             if starting:  # no worker could run (all replaced after a crash): that time is not the rows'
                 deadline += time.monotonic() - t0
         return self._out
 
-    def _assign(self, w: _Worker, unit: Unit) -> None:
+    def _assign(self, w: _Worker, unit: Unit) -> bool:
+        """Send ``unit`` to ``w``; False when ``w`` died while idle (killed between calls, the OOM
+        killer): the unit stays queued and the next poll replaces the worker, no row failed."""
+        try:
+            w.conn.send((unit.kind, self._call, unit.rows))
+        except OSError:  # BrokenPipeError / ConnectionResetError: nobody reads the other end
+            return False
         if not w.units:
             w.done = set()
         w.units.append(unit)
-        w.conn.send((unit.kind, self._call, unit.rows))
+        return True
 
     def _time_out_the_rest(self) -> None:
         """At the deadline: every row not answered is a timeout; workers holding rows are replaced."""

@@ -63,3 +63,23 @@ def test_a_handler_that_cannot_load_raises_the_kinds_error():
             p.wait_ready()
     finally:
         p.close()
+
+
+def test_a_worker_killed_while_idle_is_replaced_and_no_row_is_lost():
+    """A worker that died between calls (SIGKILL, the OOM killer) is replaced when the next call
+    starts, and that call's rows all run: none is failed for a crash it did not cause."""
+    import os
+    import signal
+
+    p = ProcessPool(TOY, "toy:", [], num_workers=1)
+    try:
+        p.wait_ready()
+        assert p.run(rows(("echo", "a")), timeout_s=10.0) == {0: ("ok", "toy:a")}
+        victim = p._workers[0].proc
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        out = p.run(rows(("echo", "b"), ("echo", "c")), timeout_s=10.0)
+        assert out == {0: ("ok", "toy:b"), 1: ("ok", "toy:c")}
+        assert p.restarts == 1
+    finally:
+        p.close()
