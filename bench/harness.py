@@ -32,16 +32,20 @@ class Settings:
     lr: float = 1e-6
     threads: int = 2
     seed: int = 0
+    precision: str = "fp32"  # model.precision (auto: the driver's probe decides, as in a run)
+    rollout_dtype: str | None = None  # rollout.dtype (None: the config's default, the parameters' dtype)
 
     @property
     def trajectories(self) -> int:
         return self.prompts_per_step * self.samples_per_prompt
 
     def overrides(self, run_dir: str, train_file: str, **extra: Any) -> list[str]:
-        """Dotted overrides: GRPO, no KL (so no reference), float32, one policy pool with
-        ``threads`` torch threads, a 0.5-CPU reward pool, prompts in file order."""
+        """Dotted overrides: GRPO, no KL (so no reference), ``precision`` (float32 unless set), one
+        policy pool with ``threads`` torch threads, a 0.5-CPU reward pool, prompts in file order."""
         ov: dict[str, Any] = {
             "model.path": self.model,
+            "model.precision": self.precision,
+            **({"rollout.dtype": self.rollout_dtype} if self.rollout_dtype else {}),
             "data.train_files": f"[{train_file}]",
             "data.prompts_per_iteration": self.prompts_per_step,
             "data.shuffle": "false",
@@ -107,6 +111,7 @@ class HybridflowRunner:
             # would otherwise be a top-level run opening its own, ~40 ms)
             self._client.enter_context(SyncClientContext())
             self.state = open_run(self.cfg, resume=None)
+            self.cfg = self.state.cfg  # with the run's precision decision (model.resolved_precision)
             if self.ray_system_config:
                 if not self._owns_ray:
                     raise RuntimeError("Ray is already running: its _system_config cannot be changed")

@@ -3,6 +3,7 @@
     hybridflow bench rollout [--batches 1,8,64] [--lengths 64,256] [--repeats 3] [--model PATH]
                              [--dtype float32|bfloat16]
     hybridflow bench rollout --engine vllm ...   (vLLM against the hf engine: bench/rollout_vllm.py)
+    hybridflow bench rollout --dtypes float32,bfloat16 ...   (the hf engine per dtype: bench/rollout_dtype.py)
 
 Both sides generate from the same left-padded chat prompts with the same model object in one
 process, sampling at temperature 1 with no top-k/top-p and no stop token, so every row makes
@@ -221,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import rollout_vllm
 
         return rollout_vllm.main(rest)
+    if any(x == "--dtypes" or x.startswith("--dtypes=") for x in rest):  # hf engine per dtype (bench/rollout_dtype.py)
+        from bench import rollout_dtype
+
+        return rollout_dtype.main(rest)
     argv = rest
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",

@@ -48,11 +48,14 @@ class FakeRunner:
 
 def test_trl_side_alternates_with_the_runner_each_iteration():
     runner = FakeRunner()
-    alt = e2e.Alternation(TINY.trajectories // TINY.mini_batch_trajectories, runner, ["ray", "thread"])
-    e2e.run_trl(TINY, common.arith_rows(8), iterations=2, alt=alt)
+    alt = e2e.Alternation(TINY.trajectories // TINY.mini_batch_trajectories, runner, ["ray", "thread"],
+                          probe_size=64)
+    flops = e2e.run_trl(TINY, common.arith_rows(8), iterations=2, alt=alt)
+    assert flops > 0
     assert runner.calls == ["ray", "thread", "ray", "thread"]
     assert len(alt.rounds) == 2
     for row in alt.rounds:
+        assert row["peaks_gflops"]["fp32"] > 0 and row["peaks_gflops"]["bf16"] > 0
         trl = row["trl"]
         # 4 trajectories of ≤ 3 new tokens each
         assert 4 <= trl["response_tokens"] <= 12 and trl["tokens"] > trl["response_tokens"]
@@ -100,5 +103,68 @@ def test_grid_renders_one_row_per_cell(tmp_path, capsys):
         files[-1].write_text(json.dumps(cell(*c)))
     assert e2e.main(["--grid-from", ",".join(map(str, files)), "--no-docs"]) == 0
     text = capsys.readouterr().out
-    assert "| 4 × 8, ≤ 48 | 2.10 (2.00–2.20) | 60.0 / 30.0 | 30.0 / 10.5 | 30.0 / 18.0 |" in text
-    assert "| 8 × 4, ≤ 256 | 1.80 (1.70–1.90) |" in text and "1.5 (5.0 %)" in text
+    # results from before precisions read as fp32 on both sides, without MFU
+    assert "| 4 × 8, ≤ 48 | fp32 / fp32 | 2.10 (2.00–2.20) | 60.0 / 30.0 | 30.0 / 10.5 | 30.0 / 18.0 |" in text
+    assert "| 8 × 4, ≤ 256 | fp32 / fp32 | 1.80 (1.70–1.90) |" in text and "1.5 (5.0 %)" in text
+
+
+def test_trl_config_takes_the_precision(tmp_path):
+    assert e2e.trl_config(TINY, str(tmp_path), iterations=1, bf16=True).bf16 is True
+    assert e2e.trl_config(TINY, str(tmp_path), iterations=1).bf16 is False
+
+
+@pytest.mark.parametrize("decided, bf16", [("bf16-mixed", True), ("fp32", False)])
+def test_trl_precision_auto_follows_hybridflows_decision(monkeypatch, decided, bf16):
+    from hybridflow import precision_probe
+    from hybridflow.precision import resolve_precision
+
+    seen = []
+
+    def fake_decide(cfg, widths=None):
+        seen.append(cfg.model.precision)
+        return resolve_precision(decided, device_type="cpu")
+
+    monkeypatch.setattr(precision_probe, "decide_precision", fake_decide)
+    got = e2e.trl_precision("auto", "tiny")
+    assert seen == ["auto"]  # TRL's side asks the same decision as a hybridflow run with model.precision=auto
+    assert got["bf16"] is bf16 and got["name"] == decided
+
+
+def test_trl_precision_forced():
+    assert e2e.trl_precision("bf16", "tiny")["bf16"] is True
+    assert e2e.trl_precision("fp32", "tiny") | {"probe": None} == {
+        "bf16": False, "name": "fp32", "requested": "fp32", "reason": "set by --trl-precision", "probe": None}
+
+
+def test_settings_carry_precision_and_rollout_dtype():
+    ov = Settings(precision="auto", rollout_dtype="auto").overrides("/r", "/t.jsonl")
+    assert "model.precision=auto" in ov and "rollout.dtype=auto" in ov
+    ov = Settings().overrides("/r", "/t.jsonl")
+    assert "model.precision=fp32" in ov and not any(o.startswith("rollout.dtype=") for o in ov)
+
+
+def test_mfu_against_both_peaks():
+    # 100 tokens, 2N = 1e9 FLOPs: iteration 4e11 FLOP in 2 s = 200 GFLOP/s; update 3e11 in 1 s = 300
+    side = {"wall_s": 2.0, "tokens": 100, "phases": {"update": 1.0}}
+    m = e2e.mfu(side, {"fp32": 200.0, "bf16": 800.0}, 1e9)
+    assert m["iteration_gflops"] == pytest.approx(200.0) and m["update_gflops"] == pytest.approx(300.0)
+    assert m["iteration_mfu_vs_fp32_peak"] == pytest.approx(1.0)
+    assert m["iteration_mfu_vs_best_peak"] == pytest.approx(0.25)
+    assert m["update_mfu_vs_fp32_peak"] == pytest.approx(1.5) and m["update_mfu_vs_best_peak"] == pytest.approx(0.375)
+    # where bf16 is the slower one, the best peak is float32's
+    assert e2e.mfu(side, {"fp32": 200.0, "bf16": 20.0}, 1e9)["update_mfu_vs_best_peak"] == pytest.approx(1.5)
+
+
+def test_summarize_reports_mfu_per_side_with_peaks():
+    def side(wall):
+        return {"wall_s": wall, "tokens": 100, "response_tokens": 1, "phases": {"update": wall / 2}}
+
+    rounds = [{"trl": side(4.0), "hybridflow_ray": side(2.0), "peaks_gflops": {"fp32": 100.0, "bf16": 400.0}}
+              for _ in range(3)]
+    s = e2e.summarize(rounds, forward_flops=1e9)
+    assert set(s["sides"]) == {"trl", "hybridflow_ray"}
+    assert s["peaks_gflops"]["bf16"]["median"] == 400.0
+    # hybridflow: 3e11 FLOP in 1 s = 300 GFLOP/s = 3.0 of fp32's 100, 0.75 of bf16's 400
+    assert s["sides"]["hybridflow_ray"]["mfu"]["update_mfu_vs_fp32_peak"]["median"] == pytest.approx(3.0)
+    assert s["sides"]["hybridflow_ray"]["mfu"]["update_mfu_vs_best_peak"]["median"] == pytest.approx(0.75)
+    assert s["sides"]["trl"]["mfu"]["update_mfu_vs_best_peak"]["median"] == pytest.approx(0.375)

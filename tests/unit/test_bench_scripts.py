@@ -225,3 +225,38 @@ def test_pack_rows_smoke(tmp_path):
     # packing computes at least the real tokens; auto never computes more than off
     assert pos["on"] >= cell["real_tokens"] and pos["auto"] <= pos["off"]
     assert "| 2 × 3 | 6 |" in pack_rows.render(json.loads(out.read_text()))
+
+
+def test_rollout_dtypes_smoke(tmp_path):
+    """--dtypes float32,bfloat16: one hf engine per dtype alternating, each with its own limit."""
+    from bench import common
+
+    out = tmp_path / "rollout_dtype.json"
+    argv = ["--model", "tiny", "--batches", "2,3", "--lengths", "3", "--repeats", "2", "--probe-size", "64",
+            "--bandwidth-mb", "8", "--dtypes", "float32,bfloat16", "--out", str(out), "--no-docs"]
+    assert rollout.main(argv) == 0  # dispatched to bench/rollout_dtype.py
+    res = json.loads(out.read_text())
+    assert res["dtypes"] == ["float32", "bfloat16"] and [c["batch"] for c in res["cells"]] == [2, 3]
+    assert all(e["fused_decode"] for e in res["engines"].values())
+    model, _ = common.load_model("tiny")
+    for c in res["cells"]:
+        f32, bf16 = c["dtypes"]["float32"], c["dtypes"]["bfloat16"]
+        assert len(f32["tokens_per_s"]) == len(bf16["tokens_per_s"]) == 2
+        ratios = [b / a for a, b in zip(f32["tokens_per_s"], bf16["tokens_per_s"], strict=True)]
+        assert c["ratios"]["bfloat16/float32"]["median"] == pytest.approx(sorted(ratios)[0] / 2 + sorted(ratios)[1] / 2)
+        for d, nbytes in (("float32", 4), ("bfloat16", 2)):
+            probed = {"peak_gflops": c["dtypes"][d]["peak_alongside_gflops"]["median"],
+                      "bandwidth": {"read_gbs": c["read_gbs_alongside"]["median"]}}
+            assert c["dtypes"][d]["decode_limit_tokens_per_s"] == pytest.approx(
+                rollout.decode_limit(model, c["batch"], probed, nbytes))
+    from bench import rollout_dtype
+
+    text = rollout_dtype.render(res)
+    assert "| 2 | 3 |" in text and "bfloat16 ÷ float32" in text
+
+
+def test_rollout_dtypes_refuses_one_dtype():
+    from bench import rollout_dtype
+
+    with pytest.raises(SystemExit):
+        rollout_dtype.main(["--dtypes", "bfloat16", "--no-docs"])
