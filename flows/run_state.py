@@ -17,8 +17,8 @@ from flows.feeds import PromptFeed, save_prompts
 from flows.resume import resolve_run_dir, where_it_started
 from flows.run_dir import RunDir
 from flows.trainer_state import TrainerState
-from hybridflow.agents.render import marked_conversation
 from hybridflow import __version__
+from hybridflow.agents.render import marked_conversation
 from hybridflow.config import ExperimentConfig
 from hybridflow.layout import RUN_FORMAT
 from tasks.common import RunContext, load_node_output
