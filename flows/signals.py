@@ -33,6 +33,8 @@ GRACE_S = 25.0  # after the first signal, the process ends by then even if unwin
 
 _received: StopSignal | None = None
 _timer: threading.Timer | None = None
+_deferred = False  # the first signal came inside a finalizer and is being delivered again (_handle)
+DEFER_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -101,19 +103,37 @@ def _watchdog(stop: StopSignal, grace_s: float) -> None:
 
 def reset() -> None:
     """Forget the signal received and stop its watchdog (for tests that signal their own process)."""
-    global _received, _timer
+    global _received, _timer, _deferred
     if _timer is not None:
         _timer.cancel()
-    _received, _timer = None, None
+    _received, _timer, _deferred = None, None, False
 
 
-def _handle(signum: int, _frame: object) -> None:
-    global _received
-    if _received is not None:  # the second signal: no more waiting
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` (where the main thread was when the signal came) runs inside a ``__del__``:
+    Python prints and drops an exception raised there (``Exception ignored in: ... __del__``), so a
+    :class:`Stopped` raised there would be lost and the command would go on as if never signalled."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _handle(signum: int, frame: Any) -> None:
+    global _received, _deferred
+    if _received is not None and not _deferred:  # the second signal: no more waiting
         exit_now(_received)
-    _received = StopSignal(signum, REASONS.get(signum, signal.Signals(signum).name.lower()))
-    _quiet_prefect_crash_lines()
-    _watchdog(_received, GRACE_S)
+    if _received is None:
+        _received = StopSignal(signum, REASONS.get(signum, signal.Signals(signum).name.lower()))
+        _quiet_prefect_crash_lines()
+        _watchdog(_received, GRACE_S)
+    _deferred = _in_finalizer(frame)
+    if _deferred:  # raise it again a moment later, once the finalizer has returned
+        redeliver = threading.Timer(DEFER_S, os.kill, args=(os.getpid(), signum))
+        redeliver.daemon = True
+        redeliver.start()
+        return
     raise Stopped(_received)
 
 

@@ -132,3 +132,26 @@ def test_a_hung_shutdown_ends_after_the_grace_period(tmp_path):
     assert code == 129
     assert proc.stderr.read().strip().splitlines() == ["run stopped: hangup (SIGHUP)"]
     assert not (tmp_path / "run" / "run.lock").exists()
+
+
+def test_a_signal_landing_in_a_finalizer_still_stops_the_command(monkeypatch):
+    """The main thread may be inside some object's ``__del__`` when the signal comes (an asyncio
+    transport collected under Prefect's client: seen in a real train run, which then trained on to
+    the end and exited 0). An exception raised there is printed and dropped by Python, so the stop
+    is delivered again once the finalizer has returned."""
+    monkeypatch.setattr(signals, "GRACE_S", 60.0)
+    signals.install()
+
+    class Collected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs here, inside __del__
+                pass
+
+    with pytest.raises(KeyboardInterrupt) as stop:
+        Collected()  # collected at once: __del__ runs here
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert str(stop.value) == "terminated (SIGTERM)"
+    assert signals.received().exit_code == 143
