@@ -167,8 +167,19 @@ _MLFLOW_MODEL_HINTS = r"(\x1b\[[0-9;]*m)?(Add type hints to the `predict` method
 def quiet_mlflow_model_hints() -> Iterator[None]:
     """Ignore MLflow's hints while logging our pyfunc model: it takes a DataFrame of prompts (no
     type-hint schema wanted) and is logged without an input example (loading it would load the model)."""
+    hints = re.compile(_MLFLOW_MODEL_HINTS, re.I)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_MLFLOW_MODEL_HINTS, category=UserWarning)
+        # MLflow checks ``predict`` under its own ``catch_warnings(); simplefilter("once", UserWarning)``
+        # (mlflow.utils.annotations.filter_user_warnings_once), which puts "once" ahead of the filter
+        # above; it keeps ``showwarning`` though, so the hints are dropped there as well
+        shown = warnings.showwarning
+
+        def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+            if not (issubclass(category, UserWarning) and hints.match(str(message))):
+                shown(message, category, *args, **kwargs)
+
+        warnings.showwarning = show
         yield
 
 

@@ -33,3 +33,24 @@ def test_mlflow_coloured_model_hints_are_ignored_while_logging_our_model():
                           color="yellow_bold")
             warnings.warn("something else", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["something else"]
+
+
+def test_mlflow_model_hints_are_ignored_under_mlflows_own_once_filter():
+    """MLflow checks ``predict`` under its own ``simplefilter("once", UserWarning)``, which goes ahead
+    of any filter of ours: the hint still reached the demo's log at the end of every run."""
+    from mlflow.utils.annotations import filter_user_warnings_once
+    from mlflow.utils.warnings_utils import color_warning
+
+    from flows.tracking import quiet_mlflow_model_hints
+
+    @filter_user_warnings_once
+    def check_predict():
+        color_warning("Add type hints to the `predict` method to enable data validation", stacklevel=1,
+                      color="yellow")
+        warnings.warn("something else", UserWarning, stacklevel=1)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_mlflow_model_hints():
+            check_predict()
+    assert [str(w.message) for w in seen] == ["something else"]
