@@ -60,7 +60,7 @@ def test_requests_in_typed_results_out(runner):
     assert (g.result.observation, g.result.reward, g.result.done) == ("correct", 1.0, True)
     assert (e.result.observation, e.result.reward, e.result.done) == ("echo:hell", 0.5, False)
     assert t.result.observation == [{"role": "tool", "name": "add", "content": "5"}]
-    assert t.result.info == {"tool_calls": {"add": 1}, "tool_errors": 0}
+    assert t.result.info == {"tool_calls": {"add": 1}, "tool_errors": 0, "tool_timeouts": 0}
     assert runner.run([]) == []
 
 
