@@ -109,3 +109,52 @@ def test_sigterm_mid_iteration_exits_143_in_one_line_and_resumes(tmp_path, data)
     with redirect_stdout(report):
         equal = compare(run, runs / "straight")
     assert equal, report.getvalue()
+
+
+def test_sigterm_during_a_checkpoint_write_exits_143_and_resumes_equal(tmp_path, data):
+    """SIGTERM while checkpoint iter_000002 is being written (the policy's part is in the staging
+    folder, not yet committed: tests/integration/hold_plugins.py holds the actor there): exit 143 in
+    one line, ``latest`` still the complete iter_000001, and ``--resume`` ends equal to a run never
+    stopped."""
+    from tests.integration.hold_plugins import holds_dir
+    from workers.checkpoint import checkpoint_name, load_latest
+
+    runs = tmp_path / "runs"
+    run = runs / "ckpt-stopped"
+    holds = holds_dir(run)
+    holds.mkdir(parents=True)
+    key = f"save_checkpoint-{checkpoint_name(2)}"
+    (holds / key).touch()
+    plugin = ["trainer.plugins=[tests.integration.hold_plugins]"]
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    proc = _train(_args(runs, data, "ckpt-stopped") + plugin, out, err)
+    deadline = time.monotonic() + 600
+    while not (holds / f"{key}.held").exists():
+        assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "the checkpoint write of iteration 2 never started"
+        time.sleep(0.1)
+    assert (run / "checkpoints" / f"{checkpoint_name(2)}.tmp").is_dir()  # mid-write: staged, not committed
+    before = (len(out.read_bytes()), len(err.read_bytes()))
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    code = wait_train(proc, err, timeout_s=60)
+    took = time.monotonic() - t0
+    stdout = out.read_bytes()[before[0]:].decode(errors="replace")
+    stderr = err.read_bytes()[before[1]:].decode(errors="replace")
+    assert code == 143, stderr[-3000:]
+    assert took < 30, took
+    assert stderr.strip().splitlines()[-1] == "run stopped: terminated (SIGTERM)", stderr[-3000:]
+    for noise in ("Traceback", "Crash detected", "TerminationSignal", "SystemError"):
+        assert noise not in stdout + stderr, (noise, stderr[-3000:])
+    assert Path(load_latest(run / "checkpoints")).name == checkpoint_name(1)  # the half-written one is not latest
+    assert not (run / "run.lock").exists()
+
+    code = wait_train(_train(["--resume", str(run)], out, err), err)
+    assert code == 0, err.read_text(errors="replace")[-3000:]
+    assert Path(load_latest(run / "checkpoints")).name == checkpoint_name(3)
+    code = wait_train(_train(_args(runs, data, "ckpt-straight") + plugin, out, err), err)
+    assert code == 0, err.read_text(errors="replace")[-3000:]
+    report = io.StringIO()
+    with redirect_stdout(report):
+        equal = compare(run, runs / "ckpt-straight")
+    assert equal, report.getvalue()

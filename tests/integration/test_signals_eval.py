@@ -1,0 +1,63 @@
+"""SIGTERM and Ctrl-C during a real ``hybridflow eval`` (issue 40: one shutdown path for train, eval,
+node run): the signal lands while the policy pool generates for the evaluation
+(tests/integration/hold_plugins.py holds that call: ``validate_generate``), and the CLI exits
+143 / 130 with one line, no traceback, and nothing it started left running (its own Prefect
+server and Ray stopped, the reaper ending the rest)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.conftest import tiny_overrides
+from tests.integration.hold_plugins import holds_dir
+from tests.integration.test_signals_train import data  # noqa: F401 - fixture
+from tests.train_process import REPO, _process_tree, _start_time, train_env, wait_train
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.mark.parametrize("sig,code,reason", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_mid_eval_exits_in_one_line_and_leaves_nothing(tmp_path, data, sig, code, reason):  # noqa: F811
+    from hybridflow.models import build_tiny_model, build_tiny_tokenizer, save_hf_checkpoint
+
+    tok = build_tiny_tokenizer()
+    model = save_hf_checkpoint(build_tiny_model(len(tok)), tok, tmp_path / "model")
+    runs = tmp_path / "runs"
+    holds = holds_dir(runs / "evalsig")  # the workers' cfg.trainer.run_dir / run_id
+    holds.mkdir(parents=True)
+    (holds / "validate_generate").touch()
+    overrides = [o for o in tiny_overrides(str(runs), str(data / "train.parquet"), str(data / "val.parquet"))
+                 if not o.startswith("model.path=")]
+    args = ["eval", "--model", str(model), *overrides, "trainer.run_id=evalsig",
+            "trainer.plugins=[tests.integration.hold_plugins]"]
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    env = train_env(drop=("PREFECT_API_URL", "RAY_ADDRESS", "MLFLOW_TRACKING_URI"))
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=str(REPO), env=env,
+                            stdout=open(out, "wb"), stderr=open(err, "wb"), start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not (holds / "validate_generate.held").exists():
+        assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "the evaluation never generated"
+        time.sleep(0.1)
+    tree = _process_tree(proc.pid)
+    before = (len(out.read_bytes()), len(err.read_bytes()))
+    proc.send_signal(sig)
+    t0 = time.monotonic()
+    got = wait_train(proc, err, timeout_s=60)
+    took = time.monotonic() - t0
+    stdout = out.read_bytes()[before[0]:].decode(errors="replace")
+    stderr = err.read_bytes()[before[1]:].decode(errors="replace")
+    assert got == code, stderr[-3000:]
+    assert took < 30, took
+    assert stderr.strip().splitlines()[-1] == f"run stopped: {reason} ({signal.Signals(sig).name})", stderr[-3000:]
+    for noise in ("Traceback", "Crash detected", "TerminationSignal", "SystemError"):
+        assert noise not in stdout + stderr, (noise, stderr[-3000:])
+    deadline = time.monotonic() + 30  # the reaper ends what is left of the tree
+    while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert alive == set(), f"still running after the CLI exited: {alive}"
