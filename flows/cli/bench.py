@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    from flows.services import stop_on_sigterm
+
+    stop_on_sigterm()  # SIGTERM and SIGHUP unwind like Ctrl-C: the benchmark's finally blocks stop what it started
     return int(module.main(list(args.args)) or 0)
 
 

@@ -155,3 +155,28 @@ def test_a_signal_landing_in_a_finalizer_still_stops_the_command(monkeypatch):
             time.sleep(0.01)
     assert str(stop.value) == "terminated (SIGTERM)"
     assert signals.received().exit_code == 143
+
+
+@pytest.mark.parametrize("sig,code,reason", [(signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hangup")])
+def test_bench_stops_in_one_line_and_runs_its_finally_blocks(tmp_path, sig, code, reason):
+    """``hybridflow bench NAME`` is one of the commands with the one shutdown path: SIGTERM/SIGHUP
+    unwind the benchmark like Ctrl-C (its ``finally`` blocks stop what it started), one line,
+    143/129. Before, SIGTERM killed it where it stood (no line, -15, the finally never ran)."""
+    (tmp_path / "sleepy.py").write_text(
+        "import sys, time\n"
+        "def main(argv):\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"
+        "        time.sleep(60)\n"
+        "    finally:\n"
+        f"        open({str(tmp_path / 'cleaned')!r}, 'w').close()\n")
+    script = ("import sys; from pathlib import Path; import flows.cli.bench as b; "
+              f"b.BENCH_DIR = Path({str(tmp_path)!r}); from flows.cli import main; sys.exit(main(['bench', 'sleepy']))")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines() == [f"run stopped: {reason} ({signal.Signals(sig).name})"], err
+    assert (tmp_path / "cleaned").exists()
