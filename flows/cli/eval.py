@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Ray up front (the flow would start it with the same config): SIGTERM then unwinds through
     # the services' exit instead of meeting the handler ray.init installs, which aborts the driver
-    with services(cfg, prefect_home=args.prefect_home, ray=True):
+    with services(cfg, prefect_home=args.prefect_home, ray=True, reaper=True):
         from flows.evaluate import evaluate
 
         summary = evaluate(**kwargs)

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # no Prefect server (the node's own function runs, not its task); Ray only if the node
         # needs a pool (run_node starts it then), stopped again at exit
-        with services(None, prefect=False):
+        with services(None, prefect=False, reaper=True):
             result = run_node(args.run, args.node, args.iteration, args.overrides, output=args.output,
                               use_debug_inputs=args.use_debug_inputs)
     except (NodeRunError, ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError

@@ -60,4 +60,16 @@ def test_a_signal_mid_eval_exits_in_one_line_and_leaves_nothing(tmp_path, data, 
     deadline = time.monotonic() + 30  # the reaper ends what is left of the tree
     while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert alive == set(), f"still running after the CLI exited: {alive}"
+    assert alive == set(), f"still running after the CLI exited: {_commands(alive)}\n{stderr[-3000:]}"
+
+
+def _commands(pids: set[int]) -> list[str]:
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:200]}")
+        except psutil.Error:
+            out.append(f"{pid}: (gone)")
+    return out
