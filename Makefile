@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-cluster test-vllm test-chaos test-chaos-short setup-vllm install lint clean
+.PHONY: demo demo-reasoning-gym test test-slow test-cluster test-vllm test-chaos test-chaos-short setup-vllm install lint clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=...)"; exit 1; }
@@ -28,6 +28,15 @@ $(ARITH): | $(STAMP)
 
 demo: $(STAMP) $(ARITH)
 	$(BIN)/hybridflow train -c examples/grpo_arith.yaml
+
+# the reasoning-gym example: chain_sum, two terms of one or two digits (docs/data.md, "reasoning-gym")
+RGYM := data/reasoning_gym/train.parquet
+$(RGYM): | $(STAMP)
+	$(BIN)/hybridflow data reasoning-gym --dataset chain_sum --config max_terms=2 --config max_digits=2 \
+		--n 1500 --seed 0 --out $@ --test-out data/reasoning_gym/test.parquet --test-n 200
+
+demo-reasoning-gym: $(STAMP) $(RGYM)
+	$(BIN)/hybridflow train -c examples/grpo_reasoning_gym.yaml
 
 # the suite that keeps under 30 minutes on a 2-core machine; the slow suites below run after it in CI (.ci/run)
 test: $(STAMP)

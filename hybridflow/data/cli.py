@@ -3,6 +3,8 @@
     hybridflow data gsm8k train.jsonl --out data/gsm8k_train.parquet [--split train] [--limit N]
     hybridflow data arith --out data/arith.parquet --n 1000 --difficulty 1 --seed 0
     hybridflow data countdown --out data/countdown.parquet --n 1000 --seed 0 [--min-numbers 3 ...]
+    hybridflow data reasoning-gym --dataset chain_sum[,leg_counting] --n 1000 --seed 0 \
+        [--config max_terms=3 ...] --out data/rg.parquet [--test-out data/rg_test.parquet --test-n 256]
 
 No heavy imports at module top (``hybridflow --help`` imports this module).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,11 +36,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--max-numbers", type=int, default=4, help="most given numbers (default: 4)")
     c.add_argument("--max-number", type=int, default=99, help="largest given number (default: 99)")
     c.add_argument("--max-target", type=int, default=100, help="largest target (default: 100)")
-    for p in (g, a, c):
+    r = sub.add_parser("reasoning-gym", help="reasoning-gym's procedural tasks, scored by its own verifiers")
+    r.add_argument("--dataset", required=True,
+                   help="reasoning-gym dataset name(s), comma-separated (e.g. chain_sum,basic_arithmetic); rows interleave")
+    r.add_argument("--n", type=int, default=1000, help="number of problems, all datasets together (default: 1000)")
+    r.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    r.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a dataset config value (repeatable): key=value for every listed dataset, "
+                        "dataset.key=value for one (e.g. max_terms=3, chain_sum.max_digits=1)")
+    r.add_argument("--test-out", default=None,
+                   help="also write a held-out split here: problems whose question is not in --out")
+    r.add_argument("--test-n", type=int, default=256, help="size of the held-out split (default: 256)")
+    for p in (g, a, c, r):
         p.add_argument("--out", "-o", required=True, help="output file: .parquet or .jsonl (any fsspec URI)")
 
 
-def held_out(train: list, candidates: list, n: int) -> list:
+def held_out(train: list, candidates: Iterable[dict], n: int) -> list:
     """The first ``n`` candidates whose question text is not in ``train`` (deduplicated).
     Raises ValueError when the problem space is too small to hold ``n`` unseen problems."""
     seen = {r["prompt"][-1]["content"] for r in train}
@@ -70,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
                                                  seed=args.seed + 1), args.test_n)
                 write_rows(test, args.test_out)
                 print(f"wrote {len(test)} held-out arith rows (no question shared with --out) to {args.test_out}")
+        elif args.task == "reasoning-gym":
+            rows = _reasoning_gym(args)
         else:
             rows = make_countdown(args.n, seed=args.seed, min_numbers=args.min_numbers, max_numbers=args.max_numbers,
                                   max_number=args.max_number, max_target=args.max_target)  # fmt: skip
@@ -82,3 +98,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"first prompt: {rows[0]['prompt'][0]['content']}")
         print(f"ground truth: {rows[0]['reward_model']['ground_truth']}")
     return 0
+
+
+def _reasoning_gym(args: argparse.Namespace) -> list:
+    """Train rows (and the held-out split, written here) of ``hybridflow data reasoning-gym``;
+    names, keys and the package version are checked before any row is generated."""
+    from hybridflow.data.io import write_rows
+    from hybridflow.data.tasks.reasoning_gym import iter_reasoning_gym, make_reasoning_gym, parse_overrides
+
+    names = [x.strip() for x in args.dataset.split(",") if x.strip()]
+    overrides = parse_overrides(names, args.config)
+    rows = make_reasoning_gym(names, args.n, seed=args.seed, overrides=overrides)
+    if args.test_out:
+        candidates = iter_reasoning_gym(names, args.n + 20 * args.test_n, seed=args.seed, overrides=overrides, split="test")
+        test = held_out(rows, candidates, args.test_n)
+        write_rows(test, args.test_out)
+        print(f"wrote {len(test)} held-out reasoning-gym rows (no question shared with --out) to {args.test_out}")
+    return rows

@@ -41,6 +41,7 @@ def _load_builtins() -> None:
         math_dapo,
         math_reward,
         prime_math,
+        reasoning_gym,
         search_qa,
     )
 

@@ -20,14 +20,18 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 @pytest.fixture(scope="module")
 def task_files(tmp_path_factory):
-    """Small train/val files per task: arith, countdown, gsm8k (from a GSM8K-shaped jsonl)."""
+    """Small train/val files per task: arith, countdown, gsm8k (from a GSM8K-shaped jsonl), reasoning-gym."""
     from hybridflow.data import write_rows
     from hybridflow.data.tasks import gsm8k_rows, make_arith, make_countdown
+    from hybridflow.data.tasks.reasoning_gym import make_reasoning_gym
 
     d = tmp_path_factory.mktemp("example-data")
     out = {}
     for name, rows in {"arith": make_arith(8, difficulty=0, seed=1),
-                       "countdown": make_countdown(8, seed=1, max_number=9, max_target=20)}.items():
+                       "countdown": make_countdown(8, seed=1, max_number=9, max_target=20),
+                       "reasoning_gym": make_reasoning_gym(["chain_sum"], 8, seed=1,
+                                                           overrides={"chain_sum": {"max_terms": 2, "max_digits": 2}}),
+                       }.items():  # fmt: skip
         write_rows(rows, str(d / f"{name}.parquet"))
         out[name] = str(d / f"{name}.parquet")
     raw = d / "gsm8k.jsonl"
@@ -45,6 +49,7 @@ CASES = {
     "rloo_arith.yaml": ("arith", ["actor/pg_loss"]),
     "reinforce_pp_arith.yaml": ("arith", ["actor/reward_kl_penalty"]),
     "dapo_countdown.yaml": ("countdown", ["filter_groups/kept_groups"]),
+    "grpo_reasoning_gym.yaml": ("reasoning_gym", ["actor/pg_clipfrac", "reward/reasoning_gym/chain_sum/mean"]),
     "grpo_gsm8k.yaml": ("gsm8k", ["actor/kl_loss"]),
     "grpo_arith_async.yaml": ("arith", ["rollout/staleness/max", "rollout_corr/rollout_is_mean",
                                         "timing_s/weight_sync", "async/overlap_fraction"]),

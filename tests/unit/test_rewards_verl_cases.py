@@ -82,7 +82,17 @@ CASES: dict[str, list[tuple[str, object, float]]] = {
     # hybridflow's own tasks
     "arith": [(r"\boxed{12}", "12", 1.0)],
     "countdown": [("<answer>(3 + 5) * 2</answer>", {"target": 16, "numbers": [3, 5, 2]}, 1.0)],
+    # reasoning-gym rows: chain_sum's own verifier (compute_decimal_reward: "+07.0" equals "7"; an answer
+    # holding the truth earns len(truth)/len(answer))
+    "reasoning_gym": [("<answer>+07.0</answer>", "7", 1.0)],
+    "reasoning_gym/chain_sum": [("<answer>17</answer>", "7", 0.5), ("7", "7", 0.0)],
 }
+
+# rewards that also read extra_info (the rows of `hybridflow data reasoning-gym` carry the entry)
+_CHAIN_SUM = {"question": "State the final answer to the following arithmetic problem: 4 + 3 =", "answer": "7",
+              "metadata": {"source_dataset": "chain_sum", "source_index": 0, "expression": "4 + 3"}}
+EXTRA_INFO = {ds: {"dataset": "chain_sum", "config": "{}", "entry": json.dumps(_CHAIN_SUM)}
+              for ds in ("reasoning_gym", "reasoning_gym/chain_sum")}
 
 
 def _builtin(name: str) -> bool:
@@ -93,7 +103,7 @@ def _builtin(name: str) -> bool:
 def test_every_registered_data_source_has_a_case():
     names = {n for n in reward_names() if _builtin(n)}
     prefixes = [p for p in reward_prefixes() if _builtin(p + "\x00")]
-    assert prefixes == ["aime"] and len(names) >= 33
+    assert prefixes == ["aime", "reasoning_gym/"] and len(names) >= 34
     missing = sorted(names - set(CASES))
     assert not missing, f"registered data sources without a case in CASES: {missing}"
     for p in prefixes:
@@ -104,7 +114,7 @@ def test_every_registered_data_source_has_a_case():
                          [(ds, r, t, w) for ds, cases in CASES.items() for r, t, w in cases])  # fmt: skip
 def test_case_scores_as_expected(data_source, response, truth, want):
     cfg = CODE_CFG if data_source in ("codecontests", "apps", "codeforces", "taco") else RewardConfig()
-    out = default_compute_score(data_source, response, truth, reward_cfg=cfg)
+    out = default_compute_score(data_source, response, truth, EXTRA_INFO.get(data_source), reward_cfg=cfg)
     assert out["score"] == pytest.approx(want)
     assert {"score", "acc", "pred"} <= set(out)  # verl's shape
 

@@ -1,5 +1,6 @@
 """Task generators writing verl-format rows: GSM8K from its jsonl, arithmetic with a
-difficulty knob, and TinyZero's Countdown. Each row's ``extra_info`` records how it was made."""
+difficulty knob, TinyZero's Countdown, and reasoning-gym's generators (``reasoning_gym``, imported
+on use: it pulls in sympy). Each row's ``extra_info`` records how it was made."""
 
 from hybridflow.data.tasks.arith import MAX_DIFFICULTY, make_arith
 from hybridflow.data.tasks.countdown import make_countdown
