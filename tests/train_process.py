@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,27 @@ def start_train(
     return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=str(cwd),
                             env=train_env() if env is None else env, stdout=open(log, mode), stderr=stderr,
                             start_new_session=True)
+
+
+def signal_and_expect_one_line(proc: subprocess.Popen, out: Path, err: Path, sig: int = signal.SIGTERM) -> str:
+    """Send ``sig`` to the CLI and check the one shutdown path (flows/signals.py): exit 128 + sig
+    within 30 s, the last stderr line ``run stopped: <reason> (<SIGNAME>)``, and no traceback nor
+    Prefect crash line in what it printed after the signal. Returns that stderr."""
+    from flows.signals import REASONS
+
+    before = (len(out.read_bytes()), len(err.read_bytes()))  # what the start-up printed is not ours to judge
+    proc.send_signal(sig)
+    t0 = time.monotonic()
+    code = wait_train(proc, err, timeout_s=60)
+    took = time.monotonic() - t0
+    stdout = out.read_bytes()[before[0]:].decode(errors="replace")
+    stderr = err.read_bytes()[before[1]:].decode(errors="replace")
+    assert code == 128 + sig, stderr[-3000:]
+    assert took < 30, took
+    assert stderr.strip().splitlines()[-1] == f"run stopped: {REASONS[sig]} ({signal.Signals(sig).name})", stderr[-3000:]
+    for noise in ("Traceback", "Crash detected", "TerminationSignal", "SystemError"):
+        assert noise not in stdout + stderr, (noise, stderr[-3000:])
+    return stderr
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -16,13 +16,13 @@ import pytest
 from tests.integration.conftest import tiny_overrides
 from tests.integration.hold_plugins import holds_dir
 from tests.integration.test_signals_train import data  # noqa: F401 - fixture
-from tests.train_process import REPO, _process_tree, _start_time, train_env, wait_train
+from tests.train_process import REPO, _process_tree, _start_time, signal_and_expect_one_line, train_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-@pytest.mark.parametrize("sig,code,reason", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
-def test_a_signal_mid_eval_exits_in_one_line_and_leaves_nothing(tmp_path, data, sig, code, reason):  # noqa: F811
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_eval_exits_in_one_line_and_leaves_nothing(tmp_path, data, sig):  # noqa: F811
     from hybridflow.models import build_tiny_model, build_tiny_tokenizer, save_hf_checkpoint
 
     tok = build_tiny_tokenizer()
@@ -45,18 +45,7 @@ def test_a_signal_mid_eval_exits_in_one_line_and_leaves_nothing(tmp_path, data, 
         assert time.monotonic() < deadline, "the evaluation never generated"
         time.sleep(0.1)
     tree = _process_tree(proc.pid)
-    before = (len(out.read_bytes()), len(err.read_bytes()))
-    proc.send_signal(sig)
-    t0 = time.monotonic()
-    got = wait_train(proc, err, timeout_s=60)
-    took = time.monotonic() - t0
-    stdout = out.read_bytes()[before[0]:].decode(errors="replace")
-    stderr = err.read_bytes()[before[1]:].decode(errors="replace")
-    assert got == code, stderr[-3000:]
-    assert took < 30, took
-    assert stderr.strip().splitlines()[-1] == f"run stopped: {reason} ({signal.Signals(sig).name})", stderr[-3000:]
-    for noise in ("Traceback", "Crash detected", "TerminationSignal", "SystemError"):
-        assert noise not in stdout + stderr, (noise, stderr[-3000:])
+    stderr = signal_and_expect_one_line(proc, out, err, sig)
     deadline = time.monotonic() + 30  # the reaper ends what is left of the tree
     while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_signals_train import _args, _train, data  # noqa: F401 - fixture
-from tests.train_process import _process_tree, _start_time, wait_train
+from tests.train_process import _process_tree, _start_time, signal_and_expect_one_line, wait_train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -37,18 +37,7 @@ def test_sigterm_during_start_up_exits_143_in_one_line_leaves_nothing_and_resume
     proc = _train(args, out, err)
     _wait_opened_not_iterating(proc, run, err)
     tree = _process_tree(proc.pid)
-    before = (len(out.read_bytes()), len(err.read_bytes()))
-    proc.send_signal(signal.SIGTERM)
-    t0 = time.monotonic()
-    code = wait_train(proc, err, timeout_s=60)
-    took = time.monotonic() - t0
-    stdout = out.read_bytes()[before[0]:].decode(errors="replace")
-    stderr = err.read_bytes()[before[1]:].decode(errors="replace")
-    assert code == 143, stderr[-3000:]
-    assert took < 30, took
-    assert stderr.strip().splitlines()[-1] == "run stopped: terminated (SIGTERM)", stderr[-3000:]
-    for noise in ("Traceback", "Crash detected", "TerminationSignal", "SystemError"):
-        assert noise not in stdout + stderr, (noise, stderr[-3000:])
+    signal_and_expect_one_line(proc, out, err, signal.SIGTERM)
     assert not (run / "run.lock").exists()
     deadline = time.monotonic() + 30  # the reaper ends what is left of the tree
     while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
