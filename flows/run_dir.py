@@ -21,6 +21,7 @@ import yaml
 from fsspec.implementations.local import LocalFileSystem
 
 from hybridflow.config import ConfigError, ExperimentConfig, config_from_dict, dump_config
+from hybridflow.jsonl import append_line
 from hybridflow.layout import (
     CHECKPOINTS,
     CONFIG,
@@ -206,8 +207,7 @@ class RunDir:
             return f.read()
 
     def _append_line(self, name: str, record: dict[str, Any]) -> None:
-        with self.fs.open(self._fs_path(name), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.fs, self._fs_path(name), json.dumps(record))  # no torn line on a full disk
 
     def _read_records(self, name: str) -> dict[int, dict[str, float]]:
         out: dict[int, dict[str, float]] = {}

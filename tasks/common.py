@@ -23,6 +23,7 @@ from typing import Any
 import fsspec
 
 from hybridflow.batch import Batch, BatchRef
+from hybridflow.jsonl import append_line
 from hybridflow.layout import CHECKPOINTS, EXECUTION_LOG, RESULTS, iteration_name
 from tasks.types import NodeResult
 
@@ -136,8 +137,7 @@ def record_execution(run: RunContext, node: str, **extra: Any) -> None:
     line = json.dumps({"iteration": run.iteration, "node": node, "pid": os.getpid(), "t": time.time(), **extra})
     fs, path = fsspec.core.url_to_fs(f"{run.run_dir}/{EXECUTION_LOG}")
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "a") as f:
-        f.write(line + "\n")
+    append_line(fs, path, line)
 
 
 def read_execution_log(run_dir: str) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import Any
 import fsspec
 
 from hybridflow.batch import BatchRef
+from hybridflow.jsonl import append_line
 from hybridflow.layout import ledger_name
 from tasks.common import RunContext
 from tasks.types import UpdateResult
@@ -52,8 +53,7 @@ def read_ledger(run_dir: str, role: str) -> list[dict[str, Any]]:
 
 def _append_ledger(run_dir: str, role: str, entry: dict[str, Any]) -> None:
     fs, path = fsspec.core.url_to_fs(ledger_path(run_dir, role))
-    with fs.open(path, "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    append_line(fs, path, json.dumps(entry))
 
 
 def _update(handle: Any, role: str, ref: BatchRef, expected_version: int) -> UpdateOutcome:

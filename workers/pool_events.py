@@ -15,6 +15,9 @@ import os
 import time
 from typing import Any
 
+from fsspec.implementations.local import LocalFileSystem
+
+from hybridflow.jsonl import append_line
 from hybridflow.layout import POOL_EVENTS
 from workers.placement import node_id
 
@@ -29,8 +32,7 @@ def append_event(ckpt_root: str, fields: dict[str, Any]) -> None:
     path = pool_events_path(os.path.dirname(os.path.normpath(ckpt_root)))
     line = {**fields, "pid": os.getpid(), "node_id": node_id(), "t": time.time()}
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
+    append_line(LocalFileSystem(), path, json.dumps(line))
 
 
 def read_pool_events(run_dir: str, pool: str | None = None, event: str = "started") -> list[dict[str, Any]]:
