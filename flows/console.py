@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -65,10 +66,14 @@ def configure_console_logging(verbose: bool) -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
 def storage_error_line(exc: BaseException) -> str | None:
-    """``error: <message>`` for a CheckpointError anywhere in ``exc``'s chain (Ray wraps a worker's
-    error as RayTaskError(CheckpointError), Prefect re-raises it from the task); None otherwise.
-    How a run's failed checkpoint write reads on the console: the worker's message in one line."""
+    """``error: <message>`` for a CheckpointError, or an OSError of a full disk or quota (ENOSPC,
+    EDQUOT), anywhere in ``exc``'s chain (Ray wraps a worker's error as RayTaskError(...) with the
+    error as ``.cause``, Prefect re-raises it from the task); None otherwise. How a run's failed
+    write reads on the console: one line, naming the file and what to do."""
     from workers.checkpoint import CheckpointError
 
     seen: set[int] = set()
@@ -76,10 +81,14 @@ def storage_error_line(exc: BaseException) -> str | None:
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         cause = getattr(e, "cause", None)  # RayTaskError keeps the worker's exception as .cause
-        if isinstance(cause, CheckpointError):
+        if isinstance(cause, (CheckpointError, OSError)):
             e = cause
         if isinstance(e, CheckpointError):
             return "error: " + " ".join(str(e.args[0] if e.args else e).split("\n")[0].split())
+        if isinstance(e, OSError) and e.errno in FULL_DISK_ERRNOS:
+            where = f" writing {e.filename}" if e.filename else ""
+            return (f"error: {os.strerror(e.errno)}{where}: free space, then continue the run with "
+                    "hybridflow train --resume <run dir> (nothing completed is lost)")
         e = e.__cause__ or e.__context__
     return None
 

@@ -7,6 +7,7 @@ done, checkpoint saved, stopped, finished); each observer decides what to show o
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from flows import signals
@@ -71,7 +72,10 @@ class RunObserver:
     def stopped(self, error: BaseException) -> None:
         """Record the stop reason in run.json (``stop_reason``), on the console and as a Prefect event."""
         reason, message = stop_reason(error)
-        self.state.bind(stop_reason=reason)
+        try:
+            self.state.bind(stop_reason=reason)
+        except OSError as e:  # a full or read-only disk: the error that stopped the run is what must surface
+            print(f"warning: could not record the stop reason in run.json: {e}", file=sys.stderr)
         by_signal = reason in signals.REASONS.values()
         self.console.stopped(f"{reason} ({message})" if by_signal else f"{reason}: {message}")
         self.prefect.stopped(reason, message[:2000])
