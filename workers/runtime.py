@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -44,6 +48,29 @@ def start_ray(*, address: str | None, num_cpus: float, num_gpus: float, **init_o
 
     if ray.is_initialized():
         return
+    with keep_stop_handlers():
+        _start_ray(ray, address, num_cpus, num_gpus, init_options)
+
+
+@contextmanager
+def keep_stop_handlers() -> Iterator[None]:
+    """Put the caller's Python handlers of SIGINT, SIGTERM and SIGHUP back after the body: ``ray.init``
+    installs Ray's own (a C++ handler that prints "SIGTERM received" and aborts the driver), which
+    would bypass a command's shutdown path (flows/signals.py) whenever Ray starts on demand inside it.
+    Defaults the caller never replaced are left to Ray. Main thread only (elsewhere: nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            if callable(handler) and handler is not signal.default_int_handler:
+                signal.signal(s, handler)
+
+
+def _start_ray(ray: Any, address: str | None, num_cpus: float, num_gpus: float, init_options: dict) -> None:
     if address:
         ray.init(address=address, **init_options)
         return

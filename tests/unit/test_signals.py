@@ -180,3 +180,23 @@ def test_bench_stops_in_one_line_and_runs_its_finally_blocks(tmp_path, sig, code
     assert proc.returncode == code, err
     assert err.strip().splitlines() == [f"run stopped: {reason} ({signal.Signals(sig).name})"], err
     assert (tmp_path / "cleaned").exists()
+
+
+def test_ray_started_on_demand_keeps_the_commands_handlers():
+    """``ray.init`` installs Ray's own SIGTERM handler (C++: prints "SIGTERM received" and aborts the
+    driver); a command whose Ray starts on demand inside it (``node run`` of a node with a pool)
+    kept Ray's and died that way on SIGTERM. start_ray puts the command's handlers back."""
+    script = """
+import signal
+from flows import signals
+from workers.runtime import start_ray, stop_ray
+signals.install()
+start_ray(address=None, num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
+try:
+    print(all(signal.getsignal(s) is signals._handle for s in signals.REASONS))
+finally:
+    stop_ray()
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "True", proc.stdout + proc.stderr[-2000:]
