@@ -61,7 +61,7 @@ test-cluster: $(STAMP)
 # corrupt latest checkpoint, a full run folder), resumed after each, must end bitwise equal to the
 # uninterrupted run. CHAOS_SEED picks the points. The short form (5 faults, synchronous; corrupt_checkpoint
 # is its SIGKILL, so 3 driver restarts) runs in CI (.ci/run); the full form: 6 faults each in a synchronous
-# and an asynchronous run.
+# and an asynchronous run, and a multi-turn run whose environment step hangs (tests/chaos/test_tool_hang.py).
 CHAOS_SEED ?= 0
 test-chaos-short: $(STAMP)
 	CHAOS_SEED=$(CHAOS_SEED) CHAOS_FAULTS=5 CHAOS_MODES=sync CHAOS_ITERATIONS=20 \
@@ -69,7 +69,7 @@ test-chaos-short: $(STAMP)
 		$(BIN)/python -m pytest -q -s -rs -x -p no:cacheprovider -m chaos tests/chaos
 
 test-chaos: $(STAMP)
-	CHAOS_SEED=$(CHAOS_SEED) CHAOS_FAULTS=6 CHAOS_MODES=sync,async CHAOS_ITERATIONS=20 \
+	CHAOS_SEED=$(CHAOS_SEED) CHAOS_TOOL_HANG=1 CHAOS_FAULTS=6 CHAOS_MODES=sync,async CHAOS_ITERATIONS=20 \
 		$(BIN)/python -m pytest -q -s -rs -p no:cacheprovider -m chaos tests/chaos
 
 # the vLLM runtime: a second venv (.venv-vllm) for the pools with rollout.engine=vllm (docs/engines.md)

@@ -24,9 +24,9 @@ enospc             the run folder is a small tmpfs; at iteration k a filler file
                    its free space: the run must stop (not hang), the filler is removed
 =================  =====================================================================  ==========
 
-A tool hang is not among them: the tiny random model never writes a tool call, so a multi-turn
-tool run of it never calls a tool (the tool timeouts are tested on their own:
-``tests/unit/test_sandbox_walls.py``, ``tests/unit/test_output_caps.py``).
+A tool hang has a run of its own (``tests/chaos/test_tool_hang.py``, ``make test-chaos``): the tiny
+random model never writes a tool call, so the hang is a multi-turn environment step (the same
+crash-proof pool and ``tool_timeout_s`` as a tool call) on a seeded row, met by both runs.
 """
 
 from __future__ import annotations
@@ -260,7 +260,8 @@ def run_chaos(soak: Soak, args: list[str], run_dir: Path, runs: Path, tmpfs: boo
                 kill_group(proc)
                 filler.unlink()
                 fault.detail = f"disk filled after {fault.node} started: rc {rc}, last line {_last_line(log)[:200]!r}"
-                fault.survived = rc not in (None, 0)  # it stopped, neither hung nor finished on a full disk
+                # it stopped, neither hung nor finished on a full disk, and said so in one line (no traceback)
+                fault.survived = rc == 1 and _last_line(log).startswith("error: ")
             else:  # driver_sigkill, corrupt_checkpoint
                 kill_group(proc)
                 fault.detail = f"SIGKILL after {fault.node} started"
