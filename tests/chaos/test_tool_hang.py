@@ -51,7 +51,8 @@ def _overrides(data: Path, runs: Path, run_id: str, root: Path, ray_address: str
     return tiny_overrides(str(runs), str(data / "train.parquet"), str(data / "val.parquet"), **{
         "trainer.run_id": run_id, "trainer.seed": str(SEED), "trainer.total_iterations": str(ITERATIONS),
         "trainer.total_epochs": "100", "trainer.save_every": str(SAVE_EVERY),
-        "rollout.max_response_tokens": "8", "rollout.environment": ENV,
+        # a turn of 4 tokens leaves budget, so the environment steps (a turn that fills it ends the trajectory)
+        "rollout.max_response_tokens": "16", "rollout.multi_turn.max_tokens_per_turn": "4", "rollout.environment": ENV,
         "rollout.multi_turn.max_turns": "2", "rollout.multi_turn.tool_timeout_s": str(TIMEOUT_S),
         "rollout.multi_turn.num_workers": "1",
         "reward.function": f"{data / 'varied_reward.py'}:compute_score",
