@@ -107,5 +107,6 @@ def test_a_hanging_tool_is_cut_counted_and_the_run_ends_equal(prefect_api, ray_c
     print("\n".join(f"[tool_hang] {x}" for x in report.getvalue().splitlines()), flush=True)
     assert equal, report.getvalue()
     assert ledger(run_dir) == ledger(ref)
-    print(f"[tool_hang] {len(hung)} hung step(s) cut and counted (env/errors), run resumed, final state equal; "
+    print(f"[tool_hang] {int(sum(ref_errors.values()))} hung steps in {len(hung)} iterations, each cut at "
+          f"{TIMEOUT_S:g} s and counted (env/errors); driver killed and resumed; final state equal; "
           f"chaos run {wall:.0f} s", flush=True)
