@@ -119,19 +119,28 @@ def set_prefect_api_url(url: str | None) -> None:
         context.refresh_global_settings_context()
 
 
+_REAPER: list[subprocess.Popen] = []  # this process's reaper, once started
+
+
 def start_reaper() -> subprocess.Popen:
     """Start :mod:`flows.reaper` for this process: whatever this process starts from now on (the
-    Prefect server, Ray and everything under them) is stopped once it exits, however it exits."""
+    Prefect server, Ray and everything under them) is stopped once it exits, however it exits.
+    One reaper per process: it watches all of this process's descendants, so a process that runs
+    several commands (a test session, a notebook calling ``flows.cli.main``) reuses the running one
+    instead of adding a watcher, each polling the process tree every second, per command."""
     import psutil
 
     from flows.reaper import start_time
 
+    if _REAPER and _REAPER[0].poll() is None:
+        return _REAPER[0]
     me = psutil.Process()
-    return subprocess.Popen(
+    _REAPER[:] = [subprocess.Popen(
         [sys.executable, "-m", "flows.reaper", str(me.pid), repr(start_time(me))],
         cwd=str(Path(__file__).resolve().parents[1]), start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    )]  # fmt: skip
+    return _REAPER[0]
 
 
 def ensure_ray(cfg: ExperimentConfig) -> None:

@@ -287,3 +287,23 @@ print("after", os.environ.get("PREFECT_API_URL"), get_current_settings().api.url
     lines = proc.stdout.strip().splitlines()
     assert lines[-2] == "inside http://127.0.0.1:9/api http://127.0.0.1:9/api", proc.stdout
     assert lines[-1] == "after None None", proc.stdout
+
+
+def test_one_reaper_per_process_however_many_commands_it_runs():
+    """A process that runs several commands (a test session, a notebook calling flows.cli.main) gets
+    one reaper, not one per command: each polls the process tree every second (30 of them, one per
+    in-process eval/train of a test session, took a CPU core in CI). A fresh interpreter."""
+    script = """
+import psutil
+from flows.runtime import start_reaper
+a = start_reaper()
+b = start_reaper()
+mine = [p for p in psutil.process_iter(["cmdline"]) if "flows.reaper" in " ".join(p.info["cmdline"] or [])
+        and str(psutil.Process().pid) in (p.info["cmdline"] or [])]
+print(a is b, len(mine))
+a.kill()
+a.wait()
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "1"], proc.stdout + proc.stderr[-2000:]
