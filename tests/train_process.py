@@ -60,6 +60,38 @@ def signal_and_expect_one_line(proc: subprocess.Popen, out: Path, err: Path, sig
     return stderr
 
 
+def start_cli(argv: list[str], out: Path, err: Path, env: dict[str, str]) -> subprocess.Popen:
+    """``python -m flows.cli ARGV`` from the repository in a new session, stdout/stderr to ``out``/``err``."""
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", *argv], cwd=str(REPO), env=env,
+                            stdout=open(out, "wb"), stderr=open(err, "wb"), start_new_session=True)
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, err: Path, what: str, timeout_s: float = 600) -> None:
+    """Until ``path`` exists; fails with the CLI's stderr if it exits first, with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def assert_tree_ends(tree: set[tuple[int, str]], timeout_s: float = 30, detail: str = "") -> None:
+    """Every process of ``tree`` (:func:`_process_tree`, taken before the CLI exited) is gone within
+    ``timeout_s`` (the reaper ends what the CLI left); fails naming the ones still running."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    names = []
+    for pid in alive:
+        try:
+            names.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:200]}")
+        except psutil.Error:
+            names.append(f"{pid}: (gone)")
+    assert alive == set(), f"still running after the CLI exited: {names}\n{detail}"
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process group this test created (the CLI and whatever it started in it)."""
     try:

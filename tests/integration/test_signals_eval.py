@@ -7,16 +7,20 @@ server and Ray stopped, the reaper ending the rest)."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from tests.integration.conftest import tiny_overrides
 from tests.integration.hold_plugins import holds_dir
 from tests.integration.test_signals_train import data  # noqa: F401 - fixture
-from tests.train_process import REPO, _process_tree, _start_time, signal_and_expect_one_line, train_env
+from tests.train_process import (
+    _process_tree,
+    assert_tree_ends,
+    signal_and_expect_one_line,
+    start_cli,
+    train_env,
+    wait_for_file,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -37,28 +41,9 @@ def test_a_signal_mid_eval_exits_in_one_line_and_leaves_nothing(tmp_path, data, 
             "trainer.plugins=[tests.integration.hold_plugins]"]
     out, err = tmp_path / "out.log", tmp_path / "err.log"
     env = train_env(drop=("PREFECT_API_URL", "RAY_ADDRESS", "MLFLOW_TRACKING_URI"))
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=str(REPO), env=env,
-                            stdout=open(out, "wb"), stderr=open(err, "wb"), start_new_session=True)
-    deadline = time.monotonic() + 600
-    while not (holds / "validate_generate.held").exists():
-        assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, "the evaluation never generated"
-        time.sleep(0.1)
+    proc = start_cli(args, out, err, env)
+    wait_for_file(holds / "validate_generate.held", proc, err, "the evaluation never generated")
     tree = _process_tree(proc.pid)
     stderr = signal_and_expect_one_line(proc, out, err, sig)
-    deadline = time.monotonic() + 30  # the reaper ends what is left of the tree
-    while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert alive == set(), f"still running after the CLI exited: {_commands(alive)}\n{stderr[-3000:]}"
+    assert_tree_ends(tree, detail=stderr[-3000:])
 
-
-def _commands(pids: set[int]) -> list[str]:
-    import psutil
-
-    out = []
-    for pid in pids:
-        try:
-            out.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:200]}")
-        except psutil.Error:
-            out.append(f"{pid}: (gone)")
-    return out

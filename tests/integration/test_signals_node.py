@@ -6,19 +6,17 @@ exits 143 with one line, no traceback, and nothing it started left running."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from tests.integration.test_signals_train import _args, _train, data  # noqa: F401 - fixture
 from tests.train_process import (
-    REPO,
     _process_tree,
-    _start_time,
+    assert_tree_ends,
     signal_and_expect_one_line,
+    start_cli,
     train_env,
+    wait_for_file,
     wait_train,
 )
 
@@ -43,18 +41,9 @@ def test_sigterm_mid_node_run_exits_143_in_one_line_and_leaves_nothing(tmp_path,
     reward = tmp_path / "sleepy_reward.py"
     reward.write_text(SLEEPY_REWARD)
     env = train_env(drop=("PREFECT_API_URL", "RAY_ADDRESS", "MLFLOW_TRACKING_URI"))
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "node", "run", "reward", "--run", str(run),
-                             "--iteration", "1", f"reward.function={reward}:compute_score"],
-                            cwd=str(REPO), env=env, stdout=open(out, "wb"), stderr=open(err, "wb"),
-                            start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "called").exists():
-        assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, "the reward function was never called"
-        time.sleep(0.1)
+    proc = start_cli(["node", "run", "reward", "--run", str(run), "--iteration", "1",
+                      f"reward.function={reward}:compute_score"], out, err, env)
+    wait_for_file(tmp_path / "called", proc, err, "the reward function was never called", timeout_s=300)
     tree = _process_tree(proc.pid)
     signal_and_expect_one_line(proc, out, err, signal.SIGTERM)
-    deadline = time.monotonic() + 30  # the reaper ends what is left of the tree
-    while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert alive == set(), f"still running after the CLI exited: {alive}"
+    assert_tree_ends(tree)

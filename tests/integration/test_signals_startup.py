@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_signals_train import _args, _train, data  # noqa: F401 - fixture
-from tests.train_process import _process_tree, _start_time, signal_and_expect_one_line, wait_train
+from tests.train_process import _process_tree, assert_tree_ends, signal_and_expect_one_line, wait_train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -39,10 +39,7 @@ def test_sigterm_during_start_up_exits_143_in_one_line_leaves_nothing_and_resume
     tree = _process_tree(proc.pid)
     signal_and_expect_one_line(proc, out, err, signal.SIGTERM)
     assert not (run / "run.lock").exists()
-    deadline = time.monotonic() + 30  # the reaper ends what is left of the tree
-    while (alive := {p for p, started in tree if _start_time(p) == started}) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert alive == set(), f"still running after the CLI exited: {alive}"
+    assert_tree_ends(tree)
 
     code = wait_train(_train(["--resume", str(run)], out, err), err)
     assert code == 0, err.read_text(errors="replace")[-3000:]
