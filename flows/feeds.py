@@ -2,7 +2,7 @@
 
 A :class:`Feed` answers :meth:`~Feed.take` ``(iteration)`` with the iteration's first flow input
 (:func:`flows.iteration.flow_inputs`) and metrics about it, or None when the data is exhausted.
-Two feeds exist:
+Three feeds exist:
 
 - :class:`PromptFeed` (synchronous training): the sampler's next prompts, saved as
   ``iter_<k>/prompts``; the iteration's ``rollout`` node generates from them.
@@ -10,10 +10,11 @@ Two feeds exist:
   the iteration's rollout, generated ahead by the train flow's ``generate_ahead`` task from the
   prompts a PromptFeed gives it, checked against the staleness bound.
 
-A streaming feed (groups arriving continuously, each with its own weights version) is a third
-implementation: its ``take`` returns a rollout assembled from the groups that arrived, its
-``settle`` adds what it measured, its ``in_flight`` what a checkpoint must keep. The train flow
-does not change: :func:`open_feed` is the one place that picks the feed for a config.
+- :class:`flows.stream_feed.GroupStream` (``trainer.async_mode: stream``): groups generated
+  continuously on the rollout pool; its ``take`` returns a rollout assembled from finished groups,
+  its ``settle`` adds what it measured, its ``in_flight`` what a checkpoint must keep.
+
+The train flow does not change with the feed: :func:`open_feed` is the one place that picks it.
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ class PromptFeed:
                  context: Callable[[int], RunContext]) -> None:
         self.sampler, self.dataset, self.total_epochs, self.context = sampler, dataset, total_epochs, context
 
-    def next_prompts(self, iteration: int) -> NodeResult | None:
-        """Draw and save iteration ``iteration``'s prompts (None: ``total_epochs`` are done)."""
+    def next_prompts(self, iteration: int, node: str = "prompts") -> NodeResult | None:
+        """Draw and save iteration ``iteration``'s prompts as ``iter_<k>/<node>`` (None:
+        ``total_epochs`` are done)."""
         if self.sampler.epoch >= self.total_epochs:
             return None
-        return save_prompts(self.context(iteration), "prompts", list(self.sampler.next_indices()), self.dataset)
+        return save_prompts(self.context(iteration), node, list(self.sampler.next_indices()), self.dataset)
 
     def take(self, iteration: int) -> Taken | None:
         prompts = self.next_prompts(iteration)
@@ -68,11 +70,27 @@ class PromptFeed:
 
 
 def open_feed(cfg: ExperimentConfig, prompts: PromptFeed, trainer: TrainerState,
-              submit: Callable[..., Any]) -> Feed:
-    """The feed for ``cfg``: rollouts ahead (``submit``: the ``generate_ahead`` submitter, see
-    :class:`~flows.rollout_ahead.RolloutsAhead`) with a separate rollout pool, else ``prompts``.
-    A checkpoint's rollouts in flight (``trainer.rollouts``) go to the rollouts-ahead schedule;
-    without a rollout pool they are not trained on (warned) and cleared."""
+              submit: Callable[..., Any], take: Callable[..., Any] | None = None) -> Feed:
+    """The feed for ``cfg`` (``ExperimentConfig.async_mode``): 'stream' = the group stream
+    (``take``: the ``take_groups`` submitter, :class:`~flows.stream_feed.GroupStream`); 'ahead'
+    = rollouts ahead (``submit``: the ``generate_ahead`` submitter,
+    :class:`~flows.rollout_ahead.RolloutsAhead`); else ``prompts``. A checkpoint's work in flight
+    (``trainer.rollouts``) of another mode than the resumed run's is not trained on (warned) and
+    cleared: its prompts are skipped."""
+    from flows.stream_feed import STATE_KEY, GroupStream
+
+    mode = cfg.async_mode
+    streamed = STATE_KEY in trainer.rollouts
+    if trainer.rollouts and streamed != (mode == "stream"):
+        _logger().warning(
+            "the checkpoint recorded %s in flight; trainer.async_mode=%s does not take them over (their prompts are "
+            "skipped)", "stream groups" if streamed else "the rollouts of iterations "
+            + ", ".join(sorted(trainer.rollouts, key=int)), mode)
+        trainer.rollouts = {}
+    if mode == "stream":
+        if take is None:
+            raise ValueError("trainer.async_mode=stream needs the take_groups submitter")
+        return GroupStream(prompts, trainer, cfg, take)
     if cfg.uses_rollout_pool:
         return RolloutsAhead(prompts, trainer, cfg.trainer, submit)
     if trainer.rollouts:  # resumed synchronously from an asynchronous run's checkpoint

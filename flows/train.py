@@ -278,14 +278,19 @@ def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, r
 def _feed(state: RunSession, base: RunContext) -> Feed:
     """The run's feed (:func:`flows.feeds.open_feed`); rollouts ahead are ``generate_ahead`` tasks of
     this flow (the UI shows them beside the iteration they overlap), keyed ``key`` and submitted
-    after the futures ``wait_for``."""
+    after the futures ``wait_for``; a stream's takes are ``take_groups`` tasks."""
     from tasks.rollout import generate_ahead
+    from tasks.stream import take_groups
 
     def submit(iteration: int, prompts: Any, version: int, key: int, wait_for: list) -> Any:
         return _submit_task(state.cfg, generate_ahead, key, wait_for, run=base.with_iteration(iteration),
                             prompts=prompts, policy_version=version)
 
-    return open_feed(state.cfg, state.prompts, state.trainer, submit)
+    def take(iteration: int, wanted: list, spare: list, count: int, version: int) -> Any:
+        return _submit_task(state.cfg, take_groups, iteration, run=base.with_iteration(iteration), wanted=wanted,
+                            spare=spare, count=count, policy_version=version)
+
+    return open_feed(state.cfg, state.prompts, state.trainer, submit, take)
 
 
 def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver) -> None:

@@ -63,6 +63,7 @@ KEY_DTYPES: dict[str, torch.dtype] = {
     "token_level_rewards": torch.float32,
     "advantages": torch.float32,
     "returns": torch.float32,
+    "rollout_token_versions": torch.int64,
 }
 RESPONSE_KEYS = (
     "response_mask",
@@ -75,6 +76,7 @@ RESPONSE_KEYS = (
     "token_level_rewards",
     "advantages",
     "returns",
+    "rollout_token_versions",
 )
 
 _PROMPT_KEYS = ("prompt_ids", "prompt_mask")

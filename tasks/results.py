@@ -45,7 +45,8 @@ _CODE_KEYS = ("__class__", "__exc_type__")  # what Prefect's JSON decoder turns 
 # fields a result kind adds to (node, ref, metrics), with their JSON types (tasks.types)
 _KIND_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "node": {}, "advantage": {"kl_coef_next": (int, float, type(None))}, "update": {"applied": (bool,), "version": (int,)},
-    "rollout": {"rollout_version": (int,), "started_at": (int, float), "finished_at": (int, float)},
+    "rollout": {"rollout_version": (int,), "started_at": (int, float), "finished_at": (int, float),
+                "groups": (list,), "dropped": (list,), "started": (list,)},
     "reward": {"failed_rows": (int,), "last_error": (str, type(None))},
 }
 

@@ -68,7 +68,7 @@ class NodeResult:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             out[f.name] = value.to_dict() if isinstance(value, BatchRef) else (
-                dict(value) if isinstance(value, Mapping) else value)
+                dict(value) if isinstance(value, Mapping) else list(value) if isinstance(value, tuple) else value)
         return out
 
     @staticmethod
@@ -87,6 +87,9 @@ class NodeResult:
         values = {k: v for k, v in data.items() if k != "kind"}
         if values.get("ref") is not None:
             values["ref"] = BatchRef.from_dict(values["ref"])
+        for k, v in values.items():  # tuple fields travel as JSON lists
+            if isinstance(v, list):
+                values[k] = tuple(v)
         return cls(**values)
 
     @staticmethod
@@ -127,12 +130,17 @@ class RolloutResult(NodeResult):
     """A rollout generated on a separate rollout pool (asynchronous training): ``rollout_version``
     (the policy weights_version that generated every trajectory of it), ``started_at`` /
     ``finished_at`` (Unix seconds: when the engine started and finished generating it, for the
-    overlap metric)."""
+    overlap metric). Streaming (``trainer.async_mode: stream``): ``rollout_version`` is the oldest
+    token's version, ``groups`` the stream's group ids the rollout took (submission indices),
+    ``dropped`` those it dropped as stale, ``started`` the spare groups it started instead."""
 
     kind: ClassVar[str] = "rollout"
     rollout_version: int = 0
     started_at: float = 0.0
     finished_at: float = 0.0
+    groups: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+    started: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,7 @@ from hybridflow.algorithms import (
     masked_sum,
     rollout_correction_weights,
 )
-from hybridflow.algorithms.rollout_correction import IS_MAX
+from hybridflow.algorithms.rollout_correction import IS_MAX, STALE_TOKEN_FRACTION, fresh_token_mask
 from hybridflow.batch import Batch, BatchError, is_padding
 from hybridflow.config import ExperimentConfig
 from hybridflow.precision import resolved_precision
@@ -260,15 +260,20 @@ class PolicyWorker(Generation, WeightPublisher):
 
     def _correction(self, old: Tensor, mb: Batch, mask: Tensor) -> tuple[dict[str, Tensor], dict[str, float]]:
         """The policy loss's ``token_weights`` option and its metrics for ``actor.rollout_correction``
-        ({} and {} for "none": the loss runs exactly as without a correction)."""
+        and ``actor.max_token_staleness`` ({} and {} for neither: the loss runs exactly as without a
+        correction)."""
         a = self.cfg.actor
-        if self.cfg.rollout_correction == "none":
-            return {}, {}
-        weights, metrics = rollout_correction_weights(
-            old, mb["rollout_log_probs"], mask, self.cfg.rollout_correction,
-            tis_threshold=a.tis_threshold, behav_weight_cap=a.behav_weight_cap,
-        )
-        return {"token_weights": weights}, metrics
+        weights, metrics = None, {}
+        if self.cfg.rollout_correction != "none":
+            weights, metrics = rollout_correction_weights(
+                old, mb["rollout_log_probs"], mask, self.cfg.rollout_correction,
+                tis_threshold=a.tis_threshold, behav_weight_cap=a.behav_weight_cap,
+            )
+        if a.max_token_staleness is not None and "rollout_token_versions" in mb:
+            fresh, metrics[STALE_TOKEN_FRACTION] = fresh_token_mask(
+                mb["rollout_token_versions"].to(mask.device), mask, self.weights_version, a.max_token_staleness)
+            weights = fresh.to(old.dtype) if weights is None else weights * fresh
+        return ({} if weights is None else {"token_weights": weights}), metrics
 
     @property
     def weights_version(self) -> int:

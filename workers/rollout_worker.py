@@ -64,6 +64,7 @@ class RolloutWorker(Generation, WeightsEndpoint):
         self._inbox: dict[int, dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()  # one generation or weights load at a time; receive_weights runs beside
         self._inbox_lock = threading.Lock()
+        self._stream: Any = None  # the GroupStreamer under trainer.async_mode=stream (started on first use)
 
     # ---- weights ---------------------------------------------------------------------------
     @dispatch("broadcast")
@@ -82,6 +83,8 @@ class RolloutWorker(Generation, WeightsEndpoint):
             self._inbox[version] = state
             for old in sorted(self._inbox)[:-keep]:
                 del self._inbox[old]
+        if self._stream is not None:  # a streamer waiting for these weights goes on
+            self._stream.kick()
 
     @dispatch("broadcast")
     def init_weight_group(self, host: str, port: int, world_size: int, epoch: int) -> int:
@@ -139,6 +142,87 @@ class RolloutWorker(Generation, WeightsEndpoint):
         """:meth:`workers.generation.Generation.generate_sequences` on the loaded weights version."""
         with self._lock:
             return super().generate_sequences(batch, seed=seed, validate=validate)
+
+    # ---- streaming (trainer.async_mode: stream, workers/group_stream.py) -----------------------
+    def _streamer(self) -> Any:
+        """This rank's :class:`~workers.group_stream.GroupStreamer`, built and started on first use."""
+        from workers.group_stream import GroupStreamer
+        from workers.rollout.base import sampling_params_from_config
+
+        if self._stream is None:
+            cfg = self.cfg
+            self._stream = GroupStreamer(
+                self.engine, sampling_params_from_config(cfg.rollout, self.stop_ids, seed=0),
+                pad_id=int(self.tokenizer.pad_token_id), chunk_tokens=self._chunk_tokens(),
+                batch_rows=cfg.rollout.generation_batch_trajectories, order=cfg.trainer.stream_order,
+                group_size_iter=cfg.data.prompts_per_iteration, max_staleness=cfg.trainer.max_staleness,
+                load_newest=self._load_newest, load_version=self._load_exact, version=lambda: self.weights_version,
+                lock=self._lock)
+        self._stream.start()
+        return self._stream
+
+    def _chunk_tokens(self) -> int:
+        """Tokens per chunk: ``rollout.partial_chunk_tokens``; with ``rollout.partial: off`` a whole
+        response (weights change only between groups)."""
+        r = self.cfg.rollout
+        return r.max_response_tokens if r.partial == "off" else r.partial_chunk_tokens
+
+    def _load_newest(self) -> int:
+        """Load the newest weights in the inbox if newer than those loaded (the streamer holds the
+        lock); returns the version loaded."""
+        with self._inbox_lock:
+            newest = max(self._inbox, default=-1)
+        if newest > self.weights_version:
+            self._load_exact(newest)
+        return self.weights_version
+
+    def _load_exact(self, version: int) -> bool:
+        """Load ``version`` from the inbox (the caller holds the lock); False when neither it nor a
+        newer one is there yet. When only newer ones are (a rank that restarted lost the older
+        versions of the schedule), the oldest of those is loaded."""
+        if version <= self.weights_version:
+            return True
+        with self._inbox_lock:
+            state = self._inbox.get(version)
+            if state is None:
+                newer = [v for v in self._inbox if v > version]
+                if not newer:
+                    return False
+                version = min(newer)
+                state = self._inbox[version]
+        self._load_published(state, version=version, where=f"published policy weights v{version}")
+        self.weights_version = version
+        with self._inbox_lock:
+            for old in [v for v in self._inbox if v < version]:
+                del self._inbox[old]
+        return True
+
+    def _mine(self, gid: int) -> bool:
+        return int(gid) % self.world_size == self.rank
+
+    @dispatch("broadcast")
+    def stream_sync(self, wanted: list[dict[str, Any]]) -> dict[str, int]:
+        """Hold exactly the groups of ``wanted`` that belong to this rank (gid mod world size; each
+        ``{"gid", "prompt", "seed"}``): start the new ones, forget the others
+        (:meth:`GroupStreamer.sync`). Starts the streamer. Returns its counts."""
+        return self._streamer().sync([w for w in wanted if self._mine(w["gid"])])
+
+    @dispatch("broadcast")
+    def stream_finished(self) -> list[dict[str, Any]]:
+        """This rank's finished groups, in completion order (:meth:`GroupStreamer.finished`)."""
+        return self._streamer().finished()
+
+    @dispatch("broadcast")
+    def stream_pop(self, gids: list[int]) -> list[dict[str, Any]]:
+        """Hand out this rank's groups among ``gids`` (:meth:`GroupStreamer.pop`)."""
+        return self._streamer().pop([g for g in gids if self._mine(g)])
+
+    @dispatch("broadcast")
+    def stream_stats(self) -> dict[str, float]:
+        """The streamer's counters since the last call (:meth:`GroupStreamer.take_stats`), the
+        loaded version and the tokenizer's pad id."""
+        return {**self._streamer().take_stats(), "weights_version": self.weights_version,
+                "pad_id": int(self.tokenizer.pad_token_id)}
 
     # ---- versions and checkpoints ------------------------------------------------------------
     @dispatch("broadcast")

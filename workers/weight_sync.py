@@ -116,6 +116,20 @@ class WeightSync:
         if weights_version(self.rollout) != version:
             raise VersionError(f"rollout pool did not load weights_version {version}")
 
+    def deliver(self, version: int) -> None:
+        """Make every rollout rank hold the weights of ``version``, loaded or in its inbox (a rank that
+        restarted and lost it gets them again from the policy), without loading them: the streaming
+        rollout loads versions itself (workers/group_stream.py). Raises VersionError as :meth:`ensure`."""
+        loaded, held = self.rollout.get_weights_version(), self.rollout.inbox_versions()
+        if all(v >= version or version in h for v, h in zip(loaded, held, strict=True)):
+            return
+        published = self.policy().published_weights(version)
+        if published is None:
+            raise VersionError(
+                f"rollout pool needs policy weights_version {version}: its ranks are at {sorted(set(loaded))} "
+                f"and the policy keeps only the {self.keep} newest versions; resume the run from its latest checkpoint")
+        self.rollout.receive_weights(published["refs"], version=version, keep=self.keep)
+
     def _through_object_store(self, policy: Any, version: int) -> int:
         published = policy.publish_weights(keep=self.keep)
         if published["version"] != version:

@@ -110,4 +110,24 @@ def rollout_correction_weights(
     return weights, metrics
 
 
-__all__ = ["rollout_correction_weights", "CORRECTIONS", "IS_MEAN", "IS_MAX", "IS_CLIPPED"]
+STALE_TOKEN_FRACTION = "rollout_corr/stale_token_fraction"
+
+
+def fresh_token_mask(token_versions: Tensor, response_mask: Tensor, policy_version: int,
+                     max_token_staleness: int) -> tuple[Tensor, float]:
+    """The off-policy token mask of streaming rollouts (``actor.max_token_staleness``; slime's
+    off-policy token masking): token_versions [B, R] int64 (the weights version that sampled each
+    token, ``rollout_token_versions``), response_mask [B, R] bool; a token is kept (True) when
+    ``policy_version − version ≤ max_token_staleness``. Returns (mask [B, R] bool, the share of
+    response tokens masked, a float in [0, 1]). Raises ValueError on shape mismatch."""
+    if token_versions.shape != response_mask.shape:
+        raise ValueError(f"rollout_token_versions {tuple(token_versions.shape)} and response_mask "
+                         f"{tuple(response_mask.shape)} differ")
+    keep = (policy_version - token_versions) <= max_token_staleness
+    total = int(response_mask.sum())
+    stale = int((~keep & response_mask).sum())
+    return keep, (stale / total if total else 0.0)
+
+
+__all__ = ["rollout_correction_weights", "fresh_token_mask", "CORRECTIONS", "IS_MEAN", "IS_MAX", "IS_CLIPPED",
+           "STALE_TOKEN_FRACTION"]

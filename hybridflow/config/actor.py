@@ -83,6 +83,12 @@ class ActorConfig(_Section):
     tis_threshold: float = Field(
         2.0, gt=0, description="Truncation C of rollout_correction='tis' (verl rollout_is_threshold, default 2)."
     )
+    max_token_staleness: int | None = Field(
+        None, ge=0, description="trainer.async_mode=stream: tokens sampled by weights more than this many versions "
+        "older than the weights the update starts from get weight 0 in the policy loss (they still count in its "
+        "normaliser; slime's off-policy token mask); rollout_corr/stale_token_fraction counts them. Needs "
+        "rollout_token_versions (streaming). None = no token is masked for its age.",
+    )
     behav_weight_cap: float | None = Field(
         None, gt=0,
         description="rollout_correction='decoupled' only: tokens whose weight π_prox/π_rollout exceeds it get "

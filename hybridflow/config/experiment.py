@@ -256,6 +256,38 @@ class ExperimentConfig(_Section):
                 f"trainer.max_staleness={self.trainer.max_staleness} needs a rollout pool apart from the policy's: "
                 "add e.g. placement.pools.gen: {workers: 1, roles: [rollout]} (examples/grpo_arith_async.yaml)"
             )
+        self._check_async_mode(where)
+
+    def _check_async_mode(self, rollout_pool: str | None) -> None:
+        """``trainer.async_mode`` against the placement and the rollout settings (issue 38)."""
+        t, r = self.trainer, self.rollout
+        if t.async_mode == "off" and t.max_staleness > 0:
+            raise ValueError(f"trainer.async_mode=off but trainer.max_staleness={t.max_staleness}: the synchronous loop "
+                             "trains on the current weights only; set max_staleness=0 or async_mode=ahead|stream")
+        if t.async_mode in ("ahead", "stream") and rollout_pool is None:
+            raise ValueError(f"trainer.async_mode={t.async_mode} needs a rollout pool apart from the policy's: add e.g. "
+                             "placement.pools.gen: {workers: 1, roles: [rollout]} (examples/grpo_arith_stream.yaml)")
+        if self.async_mode != "stream":
+            return
+        if r.partial not in STREAM_PARTIAL_MODES[r.engine]:
+            raise ValueError(
+                f"rollout.partial={r.partial}: the {r.engine} engine offers {', '.join(STREAM_PARTIAL_MODES[r.engine])} "
+                "(pausing in place would keep a KV cache computed by the old weights; hybridflow aborts and re-prefills "
+                "under the new ones instead): use rollout.partial=abort")
+        if r.is_multi_turn:
+            raise ValueError("trainer.async_mode=stream generates single-turn groups; multi-turn rollouts "
+                             "(rollout.tools / rollout.environment) run with async_mode=ahead")
+        if self.algorithm.filter_groups:
+            raise ValueError("trainer.async_mode=stream with algorithm.filter_groups: the stream does not refill "
+                             "filtered groups yet; use async_mode=ahead for DAPO's dynamic sampling")
+
+    @property
+    def async_mode(self) -> str:
+        """``trainer.async_mode`` resolved: 'auto' = 'off' with max_staleness 0 and no rollout pool,
+        else 'ahead'."""
+        if self.trainer.async_mode != "auto":
+            return self.trainer.async_mode
+        return "ahead" if self.trainer.max_staleness > 0 or self.uses_rollout_pool else "off"
 
     def _check_tools_pool(self) -> None:
         """The ``tools`` role (multi-turn tool / environment execution, workers/tools.py) runs alone in
@@ -303,6 +335,11 @@ class ExperimentConfig(_Section):
                 f"rollout.max_response_tokens={self.rollout.max_response_tokens} (the whole trajectory's budget)"
             )
         return self
+
+
+# rollout.partial modes each engine offers under trainer.async_mode=stream (both abort and
+# re-prefill: workers/group_stream.py runs on any engine's generate)
+STREAM_PARTIAL_MODES: dict[str, tuple[str, ...]] = {"hf": ("abort", "off"), "vllm": ("abort", "off")}
 
 
 def _check_registry_name(key: str, name: str, kind: str, plugins: list[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hybridflow.config.base import (
     _Section,
@@ -87,6 +87,23 @@ class RolloutConfig(_Section):
     generation_batch_trajectories: int = Field(
         64, gt=0, description="Trajectories generated per engine call (memory knob; results do not depend on it)."
     )
+    # ---- streaming asynchronous training (issue 38, trainer.async_mode: stream; docs/async.md) ----
+    partial: Literal["abort", "pause", "off"] = Field(
+        "abort", description="trainer.async_mode=stream: what new weights do to a response still being generated. "
+        "'abort' = it stops at the end of its chunk and continues under the new weights with the tokens so far as "
+        "a prefix, prefilled again (verl fully-async / slime / AReaL); 'pause' = generation pauses in place while "
+        "the weights load and the KV cache is kept (an engine must declare it; none here does: a config error); "
+        "'off' = a group finishes under the weights it started with (new weights apply to groups not yet started).",
+    )
+    partial_chunk_tokens: int = Field(
+        32, gt=0, description="trainer.async_mode=stream: new tokens generated per chunk; weights change only "
+        "between chunks. Smaller = fresher tokens, more re-prefill (stream/prefill_tokens).",
+    )
+    max_inflight_groups: int | None = Field(
+        None, gt=0, description="trainer.async_mode=stream: groups (prompts × n) submitted to the rollout pool and "
+        "not yet trained on, at most. None = (trainer.max_staleness + 1) × data.prompts_per_iteration (AReaL's "
+        "bound). Also never more than the staleness bound allows (docs/async.md).",
+    )
     drop_finished_rows: bool = Field(
         True, description="hf engine: a row leaves the decode batch and its KV cache as soon as it finishes "
         "(workers/rollout/decode.py). False: transformers' generate, which computes every row until the longest "
@@ -158,6 +175,12 @@ class RolloutConfig(_Section):
     @property
     def is_multi_turn(self) -> bool:
         return bool(self.tools) or self.environment is not None
+
+    @field_validator("partial", mode="before")
+    @classmethod
+    def _partial_from_yaml_bool(cls, v: Any) -> Any:
+        # YAML 1.1 reads `partial: off` as False
+        return "off" if v is False else v
 
     @model_validator(mode="after")
     def _check_engine_kwargs(self) -> RolloutConfig:

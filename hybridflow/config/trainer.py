@@ -44,6 +44,19 @@ class TrainerConfig(_Section):
         "a resume): 'wait' = generate it again with the trainer's current weights; 'drop' = skip its update "
         "and count its trajectories in rollout/dropped_stale.",
     )
+    async_mode: Literal["auto", "off", "ahead", "stream"] = Field(
+        "auto", description="How generation overlaps training (docs/async.md): 'off' = the synchronous loop; "
+        "'ahead' = up to max_staleness+1 whole rollouts in flight, weights change between rollouts; 'stream' = "
+        "the rollout pool generates groups continuously while the trainer trains, weights land between chunks "
+        "(rollout.partial), the trainer takes whole groups from a buffer; 'auto' = 'off' with max_staleness 0, "
+        "'ahead' otherwise (what configs before issue 38 meant).",
+    )
+    stream_order: Literal["completion", "submission"] = Field(
+        "completion", description="async_mode=stream: which finished groups an iteration takes. 'completion' = the "
+        "first to finish (fast; exactly-once, not bitwise reproducible); 'submission' = in the order submitted, "
+        "generated on a fixed schedule of weight versions (reproducible for a seed when no fault occurs; waits "
+        "more).",
+    )
     weight_sync: Literal["auto", "object_store", "collective"] = Field(
         "auto", description="How the trainer's weights reach a separate rollout pool after each update: "
         "'object_store' = CPU tensors through Ray's object store; 'collective' = a torch.distributed broadcast "
@@ -55,6 +68,12 @@ class TrainerConfig(_Section):
         True, description="On resume, when the latest checkpoint does not match its manifest (truncated or changed "
         "files): resume from the newest intact checkpoint with a warning (true) or refuse to resume (false)."
     )
+
+    @field_validator("async_mode", mode="before")
+    @classmethod
+    def _async_mode_from_yaml_bool(cls, v: object) -> object:
+        # YAML 1.1 reads `async_mode: off` as False
+        return "off" if v is False else v
 
     # ---- run directory URIs (issue 19) ----
     @field_validator("run_dir")

@@ -1,0 +1,215 @@
+"""The streaming rollout's take (``trainer.async_mode: stream``, docs/async.md "Streaming").
+
+The rollout pool generates prompt groups continuously (:mod:`workers.group_stream`); an iteration
+*takes* ``data.prompts_per_iteration`` finished groups from it with the train flow's
+``take_groups`` task — the iteration's ``rollout`` (``iter_<k>/rollout``, the ``rollout`` cache
+key, so a re-run iteration gets the same groups back from Prefect's cache).
+
+The driver (:class:`flows.stream_feed.GroupStream`) names every group in flight (``wanted``: gid,
+prompts batch and row, seed) and spare prompts the take may start when it drops a group; the task
+makes the pool hold exactly the wanted groups (a rank that restarted gets its groups again),
+waits for enough finished ones, checks each against the staleness bound, and saves the rollout.
+Per group, staleness = the trainer's version − the oldest token's version; past
+``trainer.max_staleness`` the group is generated again (``staleness_policy: wait``) or dropped and
+replaced by a spare prompt (``drop``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from hybridflow.algorithms import position_ids_from_mask
+from hybridflow.batch import Batch
+from hybridflow.metric_names import METRIC_NAMES as M
+from tasks.common import RunContext
+from tasks.node import node
+from tasks.pools import pool_of
+from tasks.types import RolloutResult
+from tasks.weight_sync import weight_sync
+
+POLL_S = 0.2
+
+
+class StreamShortError(RuntimeError):
+    """Too few groups: the take dropped stale groups and ran out of spare prompts."""
+
+
+def _prompt_rows(entries: list[dict[str, Any]]) -> tuple[dict[int, Batch], dict[str, Batch]]:
+    """gid → its one-row prompt batch, loaded from each distinct prompts batch once."""
+    batches: dict[str, Batch] = {}
+    rows: dict[int, Batch] = {}
+    for e in entries:
+        if e["uri"] not in batches:
+            batches[e["uri"]] = Batch.load(e["uri"], expected_checksum=e["checksum"])
+        rows[int(e["gid"])] = batches[e["uri"]].index([int(e["row"])])
+    return rows, batches
+
+
+def _sync_record(gid: int, prompt: Batch, seed: int) -> dict[str, Any]:
+    ids, mask = prompt["prompt_ids"][0], prompt["prompt_mask"][0].bool()
+    return {"gid": gid, "prompt": ids[mask].tolist(), "seed": int(seed)}
+
+
+def assemble(groups: list[dict[str, Any]], prompts: dict[int, Batch], n: int, pad_id: int) -> Batch:
+    """The rollout batch of finished ``groups`` (records of :meth:`GroupStreamer.pop`, in the order
+    trained): each group's prompt row repeated ``n`` times with response_ids / response_mask /
+    rollout_log_probs / rollout_token_versions ``[B, R]`` (R = the longest response), position_ids,
+    finish_reason, response_length, rollout_version (per row: its oldest token's version) and
+    ``stream_gid`` (the group's id)."""
+    rows = Batch.concat([prompts[int(g["gid"])] for g in groups]).repeat_interleave(n)
+    flat = [(g, k) for g in groups for k in range(n)]
+    width = max(1, max(len(g["tokens"][k]) for g, k in flat))
+    b = len(flat)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.bool)
+    lps = torch.zeros((b, width), dtype=torch.float32)
+    vers = torch.zeros((b, width), dtype=torch.long)
+    for i, (g, k) in enumerate(flat):
+        m = len(g["tokens"][k])
+        ids[i, :m] = torch.tensor(g["tokens"][k], dtype=torch.long)
+        mask[i, :m] = True
+        lps[i, :m] = torch.tensor(g["log_probs"][k], dtype=torch.float32)
+        vers[i, :m] = torch.tensor(g["versions"][k], dtype=torch.long)
+    oldest = torch.where(mask, vers, torch.iinfo(torch.long).max).min(-1).values
+    oldest = torch.where(mask.any(-1), oldest, vers.max())  # a row with no token: the newest version
+    for key, value in [("response_ids", ids), ("response_mask", mask), ("rollout_log_probs", lps),
+                       ("rollout_token_versions", vers)]:
+        rows.set(key, value)
+    rows.set("position_ids", position_ids_from_mask(torch.cat([rows["prompt_mask"].bool(), mask], dim=1)))
+    rows.set("finish_reason", [g["finish"][k] for g, k in flat])
+    rows.set("response_length", mask.sum(-1).tolist())
+    rows.set("rollout_version", oldest)
+    rows.set("stream_gid", [int(g["gid"]) for g, _ in flat])
+    return rows
+
+
+def _metrics(rows: Batch, groups: list[dict[str, Any]], version: int, waited_s: float, stats: list[dict[str, float]],
+             regenerated: int, dropped: int, max_response: int, n: int) -> dict[str, float]:
+    """The take's metrics: response lengths, per-token staleness (the update's version − each
+    token's), groups regenerated / dropped (as trajectories), and the streamer's counters."""
+    mask, vers = rows["response_mask"], rows["rollout_token_versions"]
+    lengths = mask.sum(-1).float()
+    token_age = (version - vers)[mask].float()
+    mixed = sum(1 for g in groups if len({v for row in g["versions"] for v in row}) > 1)
+    busy = sum(s["busy_s"] for s in stats)
+    idle = sum(s["idle_s"] for s in stats)
+    started = min(g["started_at"] for g in groups)
+    finished = max(g["finished_at"] for g in groups)
+    return {
+        "timing_s/gen": finished - started,
+        "timing_s/stream_wait": waited_s,
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/min": float(lengths.min()),
+        "response_length/clip_ratio": float((lengths >= max_response).float().mean()),
+        M["staleness_mean"]: float(token_age.mean()) if token_age.numel() else 0.0,
+        M["staleness_max"]: float(token_age.max()) if token_age.numel() else 0.0,
+        M["rollout_weights_version"]: float(rows["rollout_version"].min()),
+        M["regenerated_stale"]: float(regenerated * n),
+        M["dropped_stale"]: float(dropped * n),
+        "stream/groups_with_several_versions": float(mixed),
+        "stream/chunks_per_group": sum(g["chunks"] for g in groups) / len(groups),
+        "stream/weight_loads": float(sum(s["weight_loads"] for s in stats)),
+        "stream/interrupted_rows": float(sum(s["interrupted_rows"] for s in stats)),
+        "stream/prefill_tokens": float(sum(s["prefill_tokens"] for s in stats)),
+        "stream/busy_fraction": busy / (busy + idle) if busy + idle > 0 else 0.0,
+    }
+
+
+@node(name="rollout", retries=2, roles=("rollout",))
+def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_version: int) -> tuple[Batch, RolloutResult]:
+    """``count`` finished groups of the stream (module docstring). ``wanted`` / ``spare``: group
+    entries ``{"gid", "uri", "checksum", "row", "seed"}`` (in flight / not yet started);
+    ``policy_version``: the weights the update that follows starts from. Returns the rollout and a
+    RolloutResult whose ``groups`` are the gids taken (training order), ``dropped`` those dropped
+    as stale and ``started`` the spares it started in their place. Raises StreamShortError when
+    drops exhaust the spares."""
+    cfg = run.cfg()
+    t = cfg.trainer
+    engine = pool_of(run, "rollout")
+    prompts, _ = _prompt_rows([*wanted, *spare])
+    live = {int(e["gid"]): e for e in wanted}
+    spares = [e for e in spare]
+    started: list[int] = []
+    dropped: list[int] = []
+    regenerated = 0
+    t0 = time.perf_counter()
+
+    def sync() -> None:
+        engine.stream_sync([_sync_record(g, prompts[g], int(e["seed"])) for g, e in sorted(live.items())])
+
+    # a rank that restarted gets the trainer's current weights again (the streamer loads them itself)
+    weight_sync(run, rollout=engine).deliver(policy_version)
+    sync()
+    taken: list[int] = []
+    records: dict[int, dict[str, Any]] = {}
+    while len(taken) < count:
+        finished = {int(f["gid"]): f for per_rank in engine.stream_finished() for f in per_rank}
+        if t.stream_order == "submission":
+            order = [g for g in sorted(live) if g not in taken][: count - len(taken)]
+            ready = [g for g in order if g in finished]
+            if len(ready) < len(order):
+                ready = []  # in submission order: wait for the oldest groups first
+        else:
+            ready = [g for g in sorted(finished, key=lambda g: (finished[g]["finished_at"], g)) if g not in taken]
+        changed = False
+        for gid in ready[: count - len(taken)]:
+            stale = policy_version - int(finished[gid]["oldest_version"]) > t.max_staleness
+            if not stale:
+                taken.append(gid)
+                continue
+            engine.stream_pop([gid])  # forgotten on its rank
+            if t.staleness_policy == "wait":  # synced again below: generated anew with the newest weights
+                regenerated += 1
+            else:
+                dropped.append(gid)
+                del live[gid]
+                if not spares:
+                    raise StreamShortError(
+                        f"iteration {run.iteration}: trainer.staleness_policy=drop dropped {len(dropped)} stale group(s) "
+                        f"and no spare prompt is left ({len(taken)} of {count} groups taken); raise "
+                        "rollout.max_inflight_groups or use trainer.staleness_policy=wait")
+                e = spares.pop(0)
+                live[int(e["gid"])] = e
+                started.append(int(e["gid"]))
+            changed = True
+        if changed:
+            sync()
+        if len(taken) < count:
+            time.sleep(POLL_S)
+    waited = time.perf_counter() - t0
+    for per_rank in engine.stream_pop(taken):
+        for rec in per_rank:
+            records[int(rec["gid"])] = rec
+    groups = [records[g] for g in taken]
+    stats = engine.stream_stats()
+    n = cfg.rollout.samples_per_prompt
+    rows = assemble(groups, prompts, n, int(stats[0]["pad_id"]))
+    rows.meta["metrics"] = _metrics(rows, groups, policy_version, waited, stats, regenerated, len(dropped),
+                                    cfg.rollout.max_response_tokens, n)
+    rows.meta["weights_version"] = int(rows["rollout_version"].min())
+    return rows, RolloutResult(node="rollout", rollout_version=int(rows["rollout_version"].min()),
+                               started_at=min(g["started_at"] for g in groups),
+                               finished_at=max(g["finished_at"] for g in groups), groups=tuple(taken),
+                               dropped=tuple(dropped), started=tuple(started))
+
+
+def _take_task(rollout_node: Any) -> Any:
+    """``rollout_node`` as the train flow's ``take_groups`` task (the UI shows ``take_groups-000007``),
+    with the ``rollout`` node's cache key, files and metrics."""
+    import dataclasses
+    import functools
+
+    from tasks.common import node_cache_key
+
+    task = rollout_node.task.with_options(name="take_groups", task_run_name="take_groups-{run.iteration:06d}",
+                                          cache_key_fn=functools.partial(node_cache_key, node="rollout"))
+    return dataclasses.replace(rollout_node, name="take_groups", task=task)
+
+
+take_groups = _take_task(_take_groups)  # (wanted, spare, count, policy_version) -> RolloutResult, on the rollout pool
+
+__all__ = ["take_groups", "assemble", "StreamShortError"]

@@ -1,0 +1,139 @@
+"""Streaming asynchronous training end to end on a tiny model (issue 38, docs/async.md
+"Streaming"): the rollout pool generates groups continuously, weights land between chunks
+(partial rollouts, each token with its version), the trainer takes whole groups, and a driver
+killed mid-run resumes with no group lost and none trained twice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.conftest import tiny_overrides
+from tests.integration.test_async_training import ROLLOUT_POOL, _wait_for
+from tests.integration.test_reliability_runs import VARIED_REWARD
+from tests.train_process import kill_group, start_train
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+ITERATIONS = 4
+G = 2  # groups per iteration (data.prompts_per_iteration)
+
+
+@pytest.fixture(scope="module")
+def varied_reward(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("stream-reward") / "varied_reward.py"
+    path.write_text(VARIED_REWARD)
+    return f"{path}:compute_score"
+
+
+def _stream(root: Path, arith_files, run_id: str, reward: str, **extra: str) -> list[str]:
+    train_file, val_file = arith_files
+    return tiny_overrides(str(root / "runs"), train_file, val_file, **ROLLOUT_POOL, **{
+        "trainer.run_id": run_id, "actor.old_log_probs": "recompute", "actor.rollout_correction": "tis",
+        "trainer.async_mode": "stream", "trainer.max_staleness": "1", "trainer.total_iterations": str(ITERATIONS),
+        "trainer.save_every": "2", "rollout.max_response_tokens": "12", "rollout.partial_chunk_tokens": "3",
+        "reward.function": reward, **extra})
+
+
+def _rollout(run_dir: Path, it: int):
+    from hybridflow.batch import Batch
+
+    return Batch.load(str(run_dir / f"iter_{it:06d}" / "rollout"))
+
+
+def _history(run_dir: Path) -> dict[int, dict]:
+    return {h["iteration"]: h["metrics"] for h in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def submission(prefect_api, ray_cluster, arith_files, varied_reward, tmp_path_factory) -> dict:
+    """An uninterrupted streaming run in submission order (its schedule makes partial rollouts
+    happen whatever the timing)."""
+    from flows.train import train
+
+    return train(overrides=_stream(tmp_path_factory.mktemp("stream-sub"), arith_files, "stream-sub", varied_reward,
+                                   **{"trainer.stream_order": "submission"}))
+
+
+def test_groups_are_taken_whole_once_each_and_tokens_carry_their_versions(submission):
+    from tasks.versions import read_ledger
+
+    run_dir = Path(submission["run_dir"])
+    assert submission["iterations"] == ITERATIONS
+    ledger = read_ledger(str(run_dir), "policy")
+    hist = _history(run_dir)
+    seen: list[int] = []
+    mixed_rows = 0
+    for it in range(1, ITERATIONS + 1):
+        rows = _rollout(run_dir, it)
+        gids = rows["stream_gid"]
+        assert len(rows) == G * 2 and gids == sorted(gids)  # two samples per group, groups whole
+        groups = sorted(set(gids))
+        assert groups == list(range((it - 1) * G, it * G))  # submission order: cohort it
+        seen += groups
+        vers, mask = rows["rollout_token_versions"], rows["response_mask"]
+        assert vers.dtype == torch.int64 and vers.shape == mask.shape
+        trained_at = ledger[it - 1]["version_before"]
+        # the schedule: cohort j's chunk c uses version min(j-1, max(0, j-2) + c)
+        for r in range(len(rows)):
+            v = vers[r][mask[r]].tolist()
+            expected = [min(it - 1, max(0, it - 2) + c // 3) for c in range(len(v))]
+            assert v == expected, (it, r, v)
+            mixed_rows += len(set(v)) > 1
+            assert rows["rollout_version"][r] == min(v)
+            assert 0 <= trained_at - min(v) <= 1  # the staleness bound, per token
+        assert hist[it]["rollout/staleness/max"] <= 1
+        assert hist[it]["rollout/dropped_stale"] == 0
+    assert mixed_rows > 0  # partial rollouts: responses continued under new weights
+    assert len(seen) == len(set(seen))
+    # the take is a Prefect task run of the train flow, one per iteration
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter
+
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [submission["prefect_flow_run_id"]]}))
+    assert {f"take_groups-{it:06d}" for it in range(1, ITERATIONS + 1)} <= {t.name for t in tasks}
+    state = json.loads((run_dir / "checkpoints" / "iter_000002" / "trainer_state.json").read_text())
+    stream = state["rollouts"]["stream"]
+    assert [e["gid"] for e in stream["inflight"]] == [4, 5] and stream["next_gid"] == 6
+
+
+def test_completion_order_run_trains_and_a_killed_driver_resumes_exactly_once(arith_files, varied_reward, tmp_path,
+                                                                            prefect_api, ray_cluster):
+    import ray
+
+    args = _stream(tmp_path, arith_files, "stream-killed", varied_reward,
+                   **{"placement.ray_address": ray.get_runtime_context().gcs_address,
+                      "actor.max_token_staleness": "1"})
+    run_dir = tmp_path / "runs" / "stream-killed"
+    log = tmp_path / "first.log"
+    first = start_train(args, log=log)
+    try:
+        _wait_for(run_dir, (3, "old_log_probs"), first, log)
+    finally:
+        kill_group(first)
+    assert (run_dir / "checkpoints" / "iter_000002").exists() and not (run_dir / "checkpoints" / "iter_000004").exists()
+    resumed = start_train(["--resume", str(run_dir)], log=tmp_path / "resume.log")
+    try:
+        assert resumed.wait(timeout=900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    finally:
+        kill_group(resumed)
+    trained: list[int] = []
+    uids: list[str] = []
+    for it in range(1, ITERATIONS + 1):
+        rows = _rollout(run_dir, it)
+        trained += sorted(set(rows["stream_gid"]))
+        uids += sorted(set(rows["uid"]))
+    assert len(trained) == ITERATIONS * G and len(set(trained)) == len(trained), trained  # none twice
+    assert len(set(uids)) == len(uids)  # no prompt trained twice either
+    # none lost: every group drawn before the end was trained or is still recorded in flight
+    final = json.loads((run_dir / "checkpoints" / f"iter_{ITERATIONS:06d}" / "trainer_state.json").read_text())
+    stream = final["rollouts"]["stream"]
+    pending = [e["gid"] for e in stream["inflight"] + stream["queue"]]
+    assert sorted(trained + pending) == list(range(stream["next_gid"]))
+    hist = _history(run_dir)
+    assert all("rollout_corr/stale_token_fraction" in hist[it] for it in hist)
+    assert all(hist[it]["rollout/staleness/max"] <= 1 for it in hist)

@@ -1,0 +1,165 @@
+"""The streaming mode's driver side without Ray or Prefect (issue 38): the config's async_mode
+and its one-line errors, the group stream feed (top-up bound, what a take consumes, spares,
+the checkpoint record and a resume from it), the rollout batch assembled from groups, and the
+off-policy token mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flows.feeds import Feed, open_feed
+from flows.iteration import IterationResult
+from flows.stream_feed import STATE_KEY, GroupStream, max_inflight_groups
+from flows.trainer_state import TrainerState
+from hybridflow.algorithms.rollout_correction import fresh_token_mask
+from hybridflow.batch import Batch, BatchRef
+from hybridflow.config import ConfigError, load_config
+from tasks.stream import assemble
+from tasks.types import NodeResult, RolloutResult
+from tests.unit._worker_helpers import tiny_cfg
+from tests.unit.test_feeds import _feed
+
+POOL = "placement.pools.gen.roles=[rollout]"
+
+
+def test_async_mode_resolves_what_older_configs_meant():
+    assert load_config().async_mode == "off"
+    assert tiny_cfg("trainer.max_staleness=1", POOL).async_mode == "ahead"
+    assert tiny_cfg(POOL).async_mode == "ahead"  # a rollout pool at staleness 0: the loop on separate workers
+    cfg = tiny_cfg("trainer.async_mode=stream", "trainer.max_staleness=2", POOL, "data.prompts_per_iteration=4")
+    assert cfg.async_mode == "stream" and max_inflight_groups(cfg) == 12  # (s + 1) × G
+    assert max_inflight_groups(tiny_cfg("trainer.async_mode=stream", POOL, "rollout.max_inflight_groups=1")) == \
+        tiny_cfg().data.prompts_per_iteration  # never fewer than one iteration's groups
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["trainer.async_mode=stream"], "trainer.async_mode=stream needs a rollout pool"),
+    (["trainer.async_mode=off", "trainer.max_staleness=1", POOL], "trainer.async_mode=off but trainer.max_staleness=1"),
+    (["trainer.async_mode=stream", POOL, "rollout.partial=pause"], "rollout.partial=pause: the hf engine offers abort, off"),
+    (["trainer.async_mode=stream", POOL, "rollout.tools=[calculator]"], "multi-turn rollouts"),
+    (["trainer.async_mode=stream", POOL, "algorithm.filter_groups=true"], "filter_groups"),
+    (["trainer.async_mode=flow"], "trainer.async_mode"),
+    (["trainer.async_mode=stream", POOL, "rollout.partial=sometimes"], "rollout.partial"),
+    (["rollout.partial_chunk_tokens=0"], "rollout.partial_chunk_tokens"),
+    (["actor.max_token_staleness=-1"], "actor.max_token_staleness"),
+])
+def test_stream_config_errors_are_one_line_naming_the_key(overrides, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert fragment in str(e.value) and "Traceback" not in str(e.value)
+
+
+class _Future:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value.to_json()
+
+
+def _stream(tmp_path, trainer: TrainerState, *extra: str, drop: int = 0):
+    """A GroupStream over the test's scripted sampler (2 prompts per draw, 5 epochs of 2 draws) with
+    a fake take that consumes the ``count`` lowest gids (dropping ``drop`` of them first, replaced by
+    spares)."""
+    calls = []
+
+    def take(iteration, wanted, spare, count, version):
+        calls.append({"iteration": iteration, "wanted": [e["gid"] for e in wanted],
+                      "spare": [e["gid"] for e in spare], "count": count, "version": version})
+        gids = sorted(e["gid"] for e in wanted)
+        dropped, started = gids[:drop], [e["gid"] for e in spare[:drop]]
+        taken = [g for g in gids if g not in dropped][:count]
+        ref = BatchRef("r", iteration, "rollout", f"/x/{iteration}", 4, ("response_ids",), "c")
+        return _Future(RolloutResult(node="rollout", ref=ref, rollout_version=version, groups=tuple(taken),
+                                     dropped=tuple(dropped), started=tuple(started),
+                                     metrics={"rollout/staleness/max": 1.0, "stream/busy_fraction": 0.5}))
+
+    cfg = tiny_cfg("trainer.async_mode=stream", "trainer.max_staleness=1", POOL, "trainer.total_iterations=4",
+                   "data.prompts_per_iteration=2", *extra)
+    return open_feed(cfg, _feed(tmp_path, total_epochs=5), trainer, lambda *a: None, take), calls
+
+
+def test_the_stream_keeps_s_plus_1_iterations_of_groups_in_flight_and_each_take_consumes_its_groups(tmp_path):
+    trainer = TrainerState(kl_coef=0.0)
+    feed, calls = _stream(tmp_path, trainer)
+    assert isinstance(feed, GroupStream) and isinstance(feed, Feed)
+    taken = feed.take(1)
+    assert isinstance(taken.first, RolloutResult) and taken.first.groups == (0, 1)
+    assert calls[0] == {"iteration": 1, "wanted": [0, 1, 2, 3], "spare": [], "count": 2, "version": 0}
+    assert [e["gid"] for e in feed.inflight] == [2, 3]
+    trainer.policy_version = 1
+    feed.take(2)
+    assert calls[1]["wanted"] == [2, 3, 4, 5] and calls[1]["version"] == 1
+    entry = feed.inflight[0]
+    assert set(entry) == {"gid", "uri", "checksum", "row", "seed"}
+    assert Batch.load(entry["uri"], expected_checksum=entry["checksum"])["uid"][entry["row"]] == "u4"
+    out = IterationResult({}, {})
+    feed.settle(taken, out, (0.0, 2.0), 2.0)
+    assert out.results["rollout"] is taken.first and out.metrics["async/overlap_fraction"] == 0.5
+
+
+def test_the_checkpoint_record_resumes_the_same_groups_and_the_sampler_goes_on_after_them(tmp_path):
+    trainer = TrainerState(kl_coef=0.0)
+    feed, _ = _stream(tmp_path, trainer)
+    feed.take(1)
+    record = feed.in_flight()
+    assert list(record) == [STATE_KEY] and record[STATE_KEY]["next_gid"] == 4
+    resumed_state = TrainerState(kl_coef=0.0, rollouts=record)
+    resumed, calls = _stream(tmp_path, resumed_state)
+    sampler = resumed.prompts.sampler
+    sampler.step = feed.prompts.sampler.step  # the checkpoint's sampler position (TrainerState.sampler)
+    resumed.take(2)
+    assert calls[0]["wanted"] == [2, 3, 4, 5]  # the recorded groups, then new draws with new gids
+    assert resumed_state.rollouts == {}
+
+
+def test_a_drop_starts_spare_prompts_and_none_is_lost(tmp_path):
+    trainer = TrainerState(kl_coef=0.0)
+    feed, calls = _stream(tmp_path, trainer, "trainer.staleness_policy=drop", drop=1)
+    result = feed.take(1).first
+    assert calls[0]["spare"] == [4, 5] and result.dropped == (0,) and result.started == (4,)
+    held = sorted(e["gid"] for e in feed.inflight + feed.queue)
+    assert held == [3, 4, 5] and sorted(result.groups) == [1, 2]
+
+
+def test_a_stream_record_is_not_taken_over_by_another_mode(tmp_path, caplog):
+    trainer = TrainerState(kl_coef=0.0, rollouts={STATE_KEY: {"next_gid": 2, "inflight": [], "queue": []}})
+    cfg = tiny_cfg("trainer.max_staleness=1", POOL)
+    with caplog.at_level("WARNING"):
+        feed = open_feed(cfg, _feed(tmp_path), trainer, lambda *a: None)
+    assert not isinstance(feed, GroupStream) and trainer.rollouts == {}
+    assert "stream groups" in caplog.text
+
+
+def test_assemble_gives_the_batch_contract_with_per_token_versions():
+    prompts = {g: Batch.from_dict({"prompt_ids": torch.tensor([[0, 5, 6]]), "prompt_mask": torch.tensor([[0, 1, 1]]).bool()},
+                                  {"uid": [f"u{g}"]}) for g in (7, 9)}
+    groups = [{"gid": 9, "tokens": [[1, 2, 3], [4]], "log_probs": [[-1.0, -2.0, -3.0], [-4.0]],
+               "versions": [[3, 3, 4], [4]], "finish": ["length", "stop"]},
+              {"gid": 7, "tokens": [[8, 8], [9]], "log_probs": [[-0.5, -0.5], [-0.1]], "versions": [[2, 2], [4]],
+               "finish": ["stop", "stop"]}]
+    rows = assemble(groups, prompts, 2, pad_id=0)
+    assert rows["uid"] == ["u9", "u9", "u7", "u7"] and rows["stream_gid"] == [9, 9, 7, 7]
+    assert rows["response_ids"].tolist() == [[1, 2, 3], [4, 0, 0], [8, 8, 0], [9, 0, 0]]
+    assert rows["rollout_token_versions"].tolist() == [[3, 3, 4], [4, 0, 0], [2, 2, 0], [4, 0, 0]]
+    assert rows["rollout_token_versions"].dtype == torch.int64
+    assert rows["rollout_version"].tolist() == [3, 4, 2, 4]  # each row's oldest token
+    assert rows["rollout_log_probs"][0].tolist() == [-1.0, -2.0, -3.0]
+    assert rows["position_ids"][0].tolist() == [0, 0, 1, 2, 3, 4] and rows["response_length"] == [3, 1, 2, 1]
+
+
+def test_fresh_token_mask_drops_tokens_older_than_the_bound():
+    versions = torch.tensor([[5, 6, 7], [7, 7, 0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    keep, stale = fresh_token_mask(versions, mask, policy_version=7, max_token_staleness=1)
+    assert keep.tolist() == [[False, True, True], [True, True, False]]
+    assert stale == pytest.approx(1 / 5)  # the padding position does not count
+    with pytest.raises(ValueError, match="differ"):
+        fresh_token_mask(versions[:, :2], mask, 7, 1)
+
+
+def test_rollout_result_groups_survive_the_json_round_trip():
+    r = RolloutResult(node="rollout", rollout_version=2, groups=(4, 5), dropped=(1,), started=(6,))
+    back = NodeResult.of(r.to_json())
+    assert back == r and back.to_json()["groups"] == [4, 5]
