@@ -99,7 +99,7 @@ def _metrics(rows: Batch, groups: list[dict[str, Any]], version: int, waited_s: 
     started = min(g["started_at"] for g in groups)
     finished = max(g["finished_at"] for g in groups)
     return {
-        "timing_s/gen": finished - started,
+        "stream/generation_span_s": finished - started,
         "timing_s/stream_wait": waited_s,
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),

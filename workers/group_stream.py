@@ -194,9 +194,11 @@ class GroupStreamer:
         return self._thread is not None and self._thread.is_alive()
 
     def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise StreamStopped(f"the group streamer failed: {type(self._error).__name__}: {self._error}") \
-                from self._error
+        """Raise the thread's failure once (StreamStopped, chained); the next :meth:`start` runs a
+        fresh thread, so a retried take goes on with the groups it syncs."""
+        error, self._error = self._error, None
+        if error is not None:
+            raise StreamStopped(f"the group streamer failed: {type(error).__name__}: {error}") from error
 
     def _run(self) -> None:
         try:

@@ -145,7 +145,9 @@ class RolloutWorker(Generation, WeightsEndpoint):
 
     # ---- streaming (trainer.async_mode: stream, workers/group_stream.py) -----------------------
     def _streamer(self) -> Any:
-        """This rank's :class:`~workers.group_stream.GroupStreamer`, built and started on first use."""
+        """This rank's :class:`~workers.group_stream.GroupStreamer`, built and started on first use.
+        An engine call holds at most one iteration's trajectories (and ``generation_batch_trajectories``):
+        the oldest groups, which the next take needs, finish first instead of with every group in flight."""
         from workers.group_stream import GroupStreamer
         from workers.rollout.base import sampling_params_from_config
 
@@ -154,7 +156,9 @@ class RolloutWorker(Generation, WeightsEndpoint):
             self._stream = GroupStreamer(
                 self.engine, sampling_params_from_config(cfg.rollout, self.stop_ids, seed=0),
                 pad_id=int(self.tokenizer.pad_token_id), chunk_tokens=self._chunk_tokens(),
-                batch_rows=cfg.rollout.generation_batch_trajectories, order=cfg.trainer.stream_order,
+                batch_rows=min(cfg.rollout.generation_batch_trajectories,
+                               cfg.data.prompts_per_iteration * cfg.rollout.samples_per_prompt),
+                order=cfg.trainer.stream_order,
                 group_size_iter=cfg.data.prompts_per_iteration, max_staleness=cfg.trainer.max_staleness,
                 load_newest=self._load_newest, load_version=self._load_exact, version=lambda: self.weights_version,
                 lock=self._lock)

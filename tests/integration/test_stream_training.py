@@ -137,3 +137,37 @@ def test_completion_order_run_trains_and_a_killed_driver_resumes_exactly_once(ar
     hist = _history(run_dir)
     assert all("rollout_corr/stale_token_fraction" in hist[it] for it in hist)
     assert all(hist[it]["rollout/staleness/max"] <= 1 for it in hist)
+
+
+def _fresh_token_gap(run_dir: Path, it: int, version: int) -> tuple[float, float]:
+    """(max |rollout_log_probs − old_log_probs| over the tokens of iteration ``it`` sampled with
+    ``version`` — the weights the update starts from, which old_log_probs recomputes —, the same
+    over the older tokens)."""
+    from hybridflow.batch import Batch
+
+    rows = Batch.load(str(run_dir / f"iter_{it:06d}" / "old_log_probs"))
+    mask, vers = rows["response_mask"], rows["rollout_token_versions"]
+    gap = (rows["rollout_log_probs"] - rows["old_log_probs"]).abs()
+    fresh, old = mask & (vers == version), mask & (vers < version)
+    assert fresh.any() and old.any(), "the run has no partial rollout to compare"
+    return float(gap[fresh].max()), float(gap[old].max())
+
+
+def test_lora_adapters_reach_the_streaming_rollout_pool(prefect_api, ray_cluster, arith_files, varied_reward,
+                                                         tmp_path):
+    """verl #7495 (async + LoRA never syncing the adapter), for the stream: with lr 1e-2 the adapter
+    moves, so tokens the rollout pool labels with the trainer's current version carry that
+    version's log-probs only if the adapter really arrived; older tokens are far from them."""
+    from flows.train import train
+    from tasks.versions import read_ledger
+
+    summary = train(overrides=_stream(tmp_path, arith_files, "stream-lora", varied_reward, **{
+        "trainer.stream_order": "submission", "model.lora_rank": "4", "actor.lr": "1e-2",
+        "trainer.total_iterations": "3"}))
+    run_dir = Path(summary["run_dir"])
+    ledger = read_ledger(str(run_dir), "policy")
+    for it in (2, 3):
+        fresh, old = _fresh_token_gap(run_dir, it, ledger[it - 1]["version_before"])
+        assert fresh < 1e-3 < old, (it, fresh, old)
+    synced = [m["perf/weight_sync_bytes"] for m in _history(run_dir).values()]
+    assert 0 < max(synced) < 99_968 / 5  # the adapters (7 KB), not the model (100 KB in float32)

@@ -242,3 +242,10 @@ def test_a_failing_engine_stops_the_streamer_and_the_next_call_says_why():
         time.sleep(0.02)
     with pytest.raises(Exception, match="engine fell over"):
         st.finished()
+    st.engine = HFRolloutEngine(inbox.model, TOK, generation_batch_trajectories=64)  # fixed: a retry goes on
+    st.start()
+    try:
+        st.sync(groups(1))
+        assert [d["gid"] for d in wait_finished(st, 1)] == [0]
+    finally:
+        st.stop()

@@ -163,3 +163,24 @@ def test_rollout_result_groups_survive_the_json_round_trip():
     r = RolloutResult(node="rollout", rollout_version=2, groups=(4, 5), dropped=(1,), started=(6,))
     back = NodeResult.of(r.to_json())
     assert back == r and back.to_json()["groups"] == [4, 5]
+
+
+def test_a_resume_at_an_epoch_boundary_trains_every_group_once_and_then_stops(tmp_path):
+    """verl #7401 (resume repeating or losing data at an epoch boundary), for the stream: two epochs
+    of two draws of two prompts; the checkpoint after iteration 1 falls on the epoch boundary."""
+    trainer = TrainerState(kl_coef=0.0)
+    feed, calls = _stream(tmp_path, trainer)
+    feed.prompts.total_epochs = 2
+    trained = list(feed.take(1).first.groups)
+    record, step = feed.in_flight(), feed.prompts.sampler.step
+    assert feed.prompts.sampler.epoch == 1 and record[STATE_KEY]["inflight"]  # at the boundary, groups in flight
+    resumed, calls = _stream(tmp_path, TrainerState(kl_coef=0.0, rollouts=record))
+    resumed.prompts.total_epochs, resumed.prompts.sampler.step = 2, step
+    for it in (2, 3, 4):
+        trained += list(resumed.take(it).first.groups)
+    assert resumed.take(5) is None  # the epochs are done and no whole iteration is left
+    assert trained == list(range(8))
+    uids = []
+    for c in calls:  # the prompts behind the groups: each drawn once
+        uids += [c["wanted"]]
+    assert sorted({g for w in uids for g in w}) == list(range(2, 8))

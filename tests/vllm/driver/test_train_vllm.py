@@ -82,6 +82,25 @@ def test_separate_rollout_pool_on_vllm_trains_two_iterations(workdir):
     assert metrics[0]["rollout/logprob_diff_max"] < 1e-3
 
 
+def test_streaming_on_vllm_trains_and_its_tokens_carry_their_versions(workdir):
+    """trainer.async_mode=stream on the vLLM engine (issue 38): groups generated continuously in
+    chunks of 2 tokens, in submission order, so iteration 2's groups start under v0 and continue
+    under v1 whatever the timing; every token's log-prob is the one its version gave."""
+    from hybridflow.batch import Batch
+
+    code, out = _train(workdir, "examples/grpo_arith_stream.yaml", "rollout.engine=vllm", "trainer.run_id=stream",
+                       "trainer.stream_order=submission", "rollout.partial_chunk_tokens=2")
+    assert code == 0, out[-3000:]
+    run = workdir / "runs" / "stream"
+    metrics = _metrics(run)
+    assert len(metrics) == 2
+    assert metrics[1]["stream/groups_with_several_versions"] > 0 and metrics[1]["rollout/staleness/max"] == 1
+    rows = Batch.load(str(run / "iter_000002" / "rollout"))
+    versions = rows["rollout_token_versions"][rows["response_mask"]]
+    assert set(versions.tolist()) == {0, 1}
+    assert metrics[0]["rollout/logprob_diff_max"] < 1e-3  # iteration 1: v0 only, the trainer recomputes at v0
+
+
 def test_bfloat16_rollouts_train_and_report_the_gap(workdir):
     code, out = _train(workdir, "examples/grpo_arith_vllm.yaml", "rollout.dtype=bfloat16", "trainer.run_id=bf16",
                        "trainer.total_iterations=1")

@@ -120,6 +120,73 @@ def test_sleep_is_a_no_op_on_a_cpu_and_generate_never_waits(engine_and_model):
     assert not engine.sleeping
 
 
+def test_streamed_groups_continue_under_new_weights_with_each_tokens_own_log_prob(engine_and_model):
+    """workers/group_stream.py on vLLM (issue 38): weights v1 load after the first chunk of 3 tokens;
+    unfinished responses continue under v1 with their prefix re-prefilled. Tokens before carry v0's
+    log-probs, tokens after v1's (the trainer's recompute under each)."""
+    import copy
+    import threading
+    import time
+
+    from workers.group_stream import GroupStreamer
+
+    engine, model, tok = engine_and_model
+    w0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    model1 = copy.deepcopy(model)
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(11)
+        for p in model1.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    published, state = {0: w0}, {"loaded": 0, "calls": 0}
+
+    def newest():
+        v = max(published)
+        if v > state["loaded"]:
+            engine.load_weights(published[v].items())
+            state["loaded"] = v
+        return state["loaded"]
+
+    st = GroupStreamer(engine, _sampling(tok, greedy=False, n=2, tokens=9), pad_id=tok.pad_token_id, chunk_tokens=3,
+                       batch_rows=64, order="completion", group_size_iter=2, max_staleness=1, load_newest=newest,
+                       load_version=lambda v: False, version=lambda: state["loaded"], lock=threading.Lock())
+    real = st._chunk
+
+    def chunk_then_publish(gs, version, seed):
+        real(gs, version, seed)
+        state["calls"] += 1
+        if state["calls"] == 1:
+            published[1] = {k: v.detach().clone() for k, v in model1.named_parameters()}
+
+    st._chunk = chunk_then_publish
+    prompts = [tok(t)["input_ids"] for t in TEXTS[:2]]
+    st.start()
+    try:
+        st.sync([{"gid": g, "prompt": p, "seed": g} for g, p in enumerate(prompts)])
+        deadline = time.monotonic() + 120
+        while len(st.finished()) < 2:
+            assert time.monotonic() < deadline, "the groups did not finish"
+            time.sleep(0.05)
+        recs = st.pop([0, 1])
+    finally:
+        st.stop()
+        engine.load_weights(w0.items())  # the fixture's engine back on the fixture's model
+    mixed = 0
+    for rec, prompt in zip(recs, prompts, strict=True):
+        for tokens, lps, vers in zip(rec["tokens"], rec["log_probs"], rec["versions"], strict=True):
+            k = vers.count(0)
+            assert vers == [0] * k + [1] * (len(vers) - k)
+            ids = torch.tensor(prompt + tokens)
+            for m, lo, hi in ((model, 0, k), (model1, k, len(tokens))):
+                if lo == hi:
+                    continue
+                with torch.no_grad():
+                    logits = m(ids[None]).logits[0].float()
+                ref = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, ids[len(prompt):, None])[:, 0]
+                assert (torch.tensor(lps[lo:hi]) - ref[lo:hi]).abs().max() < 1e-4
+            mixed += 0 < k < len(vers)
+    assert mixed > 0, "no response continued under the new weights: the test shows nothing"
+
+
 # vLLM keeps one set of parallel groups per process: an engine built after another breaks the first
 # one's groups when either is collected, so the tests below, which build their own, come last.
 def test_lora_adapter_sync_matches_the_peft_model():
