@@ -85,12 +85,14 @@ class GroupStream:
             self.inflight.append(self.queue.pop(0))
 
     def _spares(self, iteration: int) -> list[dict[str, Any]]:
-        """Prompts a take may start in place of dropped groups (``staleness_policy: drop`` only)."""
-        if self.cfg.trainer.staleness_policy != "drop":
-            return []
-        while len(self.queue) < self.per_iteration and self._draw(iteration):
+        """Prompts a take may start in place of groups it drops: one iteration's worth under
+        ``staleness_policy: drop``; with ``algorithm.filter_groups`` (zero-variance groups replaced)
+        as many as may be in flight. Drawn prompts a take does not start stay queued for later takes."""
+        want = self.cap if self.cfg.algorithm.filter_groups else (
+            self.per_iteration if self.cfg.trainer.staleness_policy == "drop" else 0)
+        while len(self.queue) < want and self._draw(iteration):
             pass
-        return list(self.queue[: self.per_iteration])
+        return list(self.queue[:want])
 
     # ---- the Feed protocol ----
     def take(self, iteration: int) -> Taken | None:

@@ -123,10 +123,14 @@ def _metrics(rows: Batch, groups: list[dict[str, Any]], version: int, waited_s: 
 def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_version: int) -> tuple[Batch, RolloutResult]:
     """``count`` finished groups of the stream (module docstring). ``wanted`` / ``spare``: group
     entries ``{"gid", "uri", "checksum", "row", "seed"}`` (in flight / not yet started);
-    ``policy_version``: the weights the update that follows starts from. Returns the rollout and a
-    RolloutResult whose ``groups`` are the gids taken (training order), ``dropped`` those dropped
-    as stale and ``started`` the spares it started in their place. Raises StreamShortError when
-    drops exhaust the spares."""
+    ``policy_version``: the weights the update that follows starts from. With
+    ``algorithm.filter_groups`` each finished group is scored first and one whose samples all score
+    alike is replaced by a spare prompt (DAPO dynamic sampling refilling the buffer, verl V1's
+    ReplayBufferAsync), or taken as it is when no spare is left (``stream/zero_variance_taken``;
+    the filter_groups node then drops it). Returns the rollout and a RolloutResult whose
+    ``groups`` are the gids taken (training order), ``dropped`` those dropped as stale or
+    filtered and ``started`` the spares it started in their place. Raises StreamShortError when
+    stale drops exhaust the spares."""
     cfg = run.cfg()
     t = cfg.trainer
     engine = pool_of(run, "rollout")
@@ -146,6 +150,21 @@ def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_
     sync()
     taken: list[int] = []
     records: dict[int, dict[str, Any]] = {}
+    filtered: list[int] = []
+    zero_variance_taken = 0
+    filtering = cfg.algorithm.filter_groups
+    n = cfg.rollout.samples_per_prompt
+
+    def start_spare(gid: int, why: str) -> None:
+        del live[gid]
+        if not spares:
+            raise StreamShortError(
+                f"iteration {run.iteration}: {why} and no spare prompt is left ({len(taken)} of {count} groups taken); "
+                "raise rollout.max_inflight_groups or use trainer.staleness_policy=wait")
+        e = spares.pop(0)
+        live[int(e["gid"])] = e
+        started.append(int(e["gid"]))
+
     while len(taken) < count:
         finished = {int(f["gid"]): f for per_rank in engine.stream_finished() for f in per_rank}
         if t.stream_order == "submission":
@@ -156,45 +175,72 @@ def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_
         else:
             ready = [g for g in sorted(finished, key=lambda g: (finished[g]["finished_at"], g)) if g not in taken]
         changed = False
+        fresh: list[int] = []
         for gid in ready[: count - len(taken)]:
             stale = policy_version - int(finished[gid]["oldest_version"]) > t.max_staleness
             if not stale:
-                taken.append(gid)
+                fresh.append(gid)
                 continue
             engine.stream_pop([gid])  # forgotten on its rank
             if t.staleness_policy == "wait":  # synced again below: generated anew with the newest weights
                 regenerated += 1
             else:
                 dropped.append(gid)
-                del live[gid]
-                if not spares:
-                    raise StreamShortError(
-                        f"iteration {run.iteration}: trainer.staleness_policy=drop dropped {len(dropped)} stale group(s) "
-                        f"and no spare prompt is left ({len(taken)} of {count} groups taken); raise "
-                        "rollout.max_inflight_groups or use trainer.staleness_policy=wait")
-                e = spares.pop(0)
-                live[int(e["gid"])] = e
-                started.append(int(e["gid"]))
+                start_spare(gid, f"trainer.staleness_policy=drop dropped {len(dropped)} stale group(s)")
             changed = True
+        if filtering and fresh:  # DAPO dynamic sampling: a group whose samples all score alike is replaced
+            recs = {int(r["gid"]): r for per_rank in engine.stream_pop(fresh) for r in per_rank}
+            pad_id = int(engine.stream_stats(reset=False)[0]["pad_id"])
+            alike = _zero_variance(run, [recs[g] for g in fresh], prompts, n, pad_id)
+            for gid in fresh:
+                if gid in alike and spares:
+                    filtered.append(gid)
+                    start_spare(gid, "algorithm.filter_groups")
+                    changed = True
+                else:
+                    zero_variance_taken += gid in alike
+                    taken.append(gid)
+                    records[gid] = recs[gid]
+        else:
+            taken += fresh
         if changed:
             sync()
         if len(taken) < count:
             time.sleep(POLL_S)
     waited = time.perf_counter() - t0
-    for per_rank in engine.stream_pop(taken):
+    for per_rank in engine.stream_pop([g for g in taken if g not in records]):
         for rec in per_rank:
             records[int(rec["gid"])] = rec
     groups = [records[g] for g in taken]
     stats = engine.stream_stats()
-    n = cfg.rollout.samples_per_prompt
     rows = assemble(groups, prompts, n, int(stats[0]["pad_id"]))
     rows.meta["metrics"] = _metrics(rows, groups, policy_version, waited, stats, regenerated, len(dropped),
                                     cfg.rollout.max_response_tokens, n)
+    if filtering:
+        rows.meta["metrics"].update({"stream/filtered_groups": float(len(filtered)),
+                                     "stream/zero_variance_taken": float(zero_variance_taken)})
     rows.meta["weights_version"] = int(rows["rollout_version"].min())
     return rows, RolloutResult(node="rollout", rollout_version=int(rows["rollout_version"].min()),
                                started_at=min(g["started_at"] for g in groups),
                                finished_at=max(g["finished_at"] for g in groups), groups=tuple(taken),
-                               dropped=tuple(dropped), started=tuple(started))
+                               dropped=tuple(dropped + filtered), started=tuple(started))
+
+
+def _zero_variance(run: RunContext, groups: list[dict[str, Any]], prompts: dict[int, Batch], n: int,
+                   pad_id: int) -> set[int]:
+    """The gids among ``groups`` whose ``n`` samples all get the same score from the reward pool
+    (the sum of token_level_scores over the response; DAPO's zero-variance groups, Yu et al. 2025
+    §3.2). The reward node scores the taken groups again in the iteration (rule rewards are cheap;
+    a model-judged reward pays twice)."""
+    rows = assemble(groups, prompts, n, pad_id)
+    scored = pool_of(run, "reward").compute_rewards(rows)
+    seq = (scored["token_level_scores"] * scored["response_mask"]).sum(-1)
+    alike = set()
+    for i, g in enumerate(groups):
+        s = seq[i * n:(i + 1) * n]
+        if n < 2 or bool((s == s[0]).all()):
+            alike.add(int(g["gid"]))
+    return alike
 
 
 def _take_task(rollout_node: Any) -> Any:

@@ -222,10 +222,11 @@ class RolloutWorker(Generation, WeightsEndpoint):
         return self._streamer().pop([g for g in gids if self._mine(g)])
 
     @dispatch("broadcast")
-    def stream_stats(self) -> dict[str, float]:
-        """The streamer's counters since the last call (:meth:`GroupStreamer.take_stats`), the
-        loaded version and the tokenizer's pad id."""
-        return {**self._streamer().take_stats(), "weights_version": self.weights_version,
+    def stream_stats(self, reset: bool = True) -> dict[str, float]:
+        """The streamer's counters since the last call with ``reset`` (:meth:`GroupStreamer.take_stats`;
+        ``reset=False`` reads them without resetting), the loaded version and the tokenizer's pad id."""
+        stream = self._streamer()
+        return {**(stream.take_stats() if reset else dict(stream.stats)), "weights_version": self.weights_version,
                 "pad_id": int(self.tokenizer.pad_token_id)}
 
     # ---- versions and checkpoints ------------------------------------------------------------

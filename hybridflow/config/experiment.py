@@ -277,9 +277,6 @@ class ExperimentConfig(_Section):
         if r.is_multi_turn:
             raise ValueError("trainer.async_mode=stream generates single-turn groups; multi-turn rollouts "
                              "(rollout.tools / rollout.environment) run with async_mode=ahead")
-        if self.algorithm.filter_groups:
-            raise ValueError("trainer.async_mode=stream with algorithm.filter_groups: the stream does not refill "
-                             "filtered groups yet; use async_mode=ahead for DAPO's dynamic sampling")
 
     @property
     def async_mode(self) -> str:

@@ -171,3 +171,41 @@ def test_lora_adapters_reach_the_streaming_rollout_pool(prefect_api, ray_cluster
         assert fresh < 1e-3 < old, (it, fresh, old)
     synced = [m["perf/weight_sync_bytes"] for m in _history(run_dir).values()]
     assert 0 < max(synced) < 99_968 / 5  # the adapters (7 KB), not the model (100 KB in float32)
+
+
+# a group of a prompt with an even answer scores alike (all 0); odd answers vary
+HALF_FLAT_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if int(ground_truth) % 2 == 0:
+        return 0.0
+    return (sum(map(ord, solution_str)) % 97) / 96.0
+'''
+
+
+def test_filter_groups_refills_the_stream_with_groups_that_vary(prefect_api, ray_cluster, arith_files, tmp_path):
+    """DAPO dynamic sampling under the stream refills the batch (verl V1's ReplayBufferAsync) instead
+    of shrinking it: a zero-variance group is replaced by a spare prompt's group; every iteration
+    trains on prompts_per_iteration groups that vary, and no group is both trained and filtered."""
+    from flows.train import train
+    from hybridflow.batch import Batch
+
+    reward = tmp_path / "half_flat.py"
+    reward.write_text(HALF_FLAT_REWARD)
+    summary = train(overrides=_stream(tmp_path, arith_files, "stream-filter", f"{reward}:compute_score", **{
+        "algorithm.filter_groups": "true", "trainer.total_iterations": "3"}))
+    run_dir = Path(summary["run_dir"])
+    hist = _history(run_dir)
+    assert sum(m["stream/filtered_groups"] for m in hist.values()) > 0  # some groups were replaced
+    trained: list[int] = []
+    for it in (1, 2, 3):
+        rows = _rollout(run_dir, it)
+        scores = Batch.load(str(run_dir / f"iter_{it:06d}" / "reward"))["token_level_scores"].sum(-1)
+        gids = rows["stream_gid"]
+        assert len(set(gids)) == G  # the batch kept its size
+        for g in set(gids):
+            s = scores[[i for i, x in enumerate(gids) if x == g]]
+            if hist[it]["stream/zero_variance_taken"] == 0:
+                assert float(s.max() - s.min()) > 0, (it, g)
+        assert hist[it]["filter_groups/dropped_groups"] == hist[it]["stream/zero_variance_taken"]
+        trained += sorted(set(gids))
+    assert len(trained) == len(set(trained))

@@ -38,7 +38,6 @@ def test_async_mode_resolves_what_older_configs_meant():
     (["trainer.async_mode=off", "trainer.max_staleness=1", POOL], "trainer.async_mode=off but trainer.max_staleness=1"),
     (["trainer.async_mode=stream", POOL, "rollout.partial=pause"], "rollout.partial=pause: the hf engine offers abort, off"),
     (["trainer.async_mode=stream", POOL, "rollout.tools=[calculator]"], "multi-turn rollouts"),
-    (["trainer.async_mode=stream", POOL, "algorithm.filter_groups=true"], "filter_groups"),
     (["trainer.async_mode=flow"], "trainer.async_mode"),
     (["trainer.async_mode=stream", POOL, "rollout.partial=sometimes"], "rollout.partial"),
     (["rollout.partial_chunk_tokens=0"], "rollout.partial_chunk_tokens"),
