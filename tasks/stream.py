@@ -31,6 +31,11 @@ from tasks.types import RolloutResult
 from tasks.weight_sync import weight_sync
 
 POLL_S = 0.2
+STALL_S = 600.0  # a take fails when the rollout pool generated no token and finished no group for this long
+
+
+class StreamStalled(RuntimeError):
+    """The rollout pool made no progress for STALL_S seconds while a take waited."""
 
 
 class StreamShortError(RuntimeError):
@@ -165,8 +170,17 @@ def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_
         live[int(e["gid"])] = e
         started.append(int(e["gid"]))
 
+    progress, last_progress = None, time.monotonic()
     while len(taken) < count:
         finished = {int(f["gid"]): f for per_rank in engine.stream_finished() for f in per_rank}
+        now_progress = (len(finished), sum(r["tokens"] for r in engine.stream_stats(reset=False)))
+        if now_progress != progress:
+            progress, last_progress = now_progress, time.monotonic()
+        elif time.monotonic() - last_progress > STALL_S:
+            raise StreamStalled(
+                f"iteration {run.iteration}: the rollout pool generated nothing for {STALL_S:.0f} s with "
+                f"{len(live)} group(s) in flight and {len(taken)} of {count} taken (a hung engine, or weights "
+                f"v{policy_version} never reached it); the take is retried, then the run stops resumable")
         if t.stream_order == "submission":
             order = [g for g in sorted(live) if g not in taken][: count - len(taken)]
             ready = [g for g in order if g in finished]
@@ -258,4 +272,4 @@ def _take_task(rollout_node: Any) -> Any:
 
 take_groups = _take_task(_take_groups)  # (wanted, spare, count, policy_version) -> RolloutResult, on the rollout pool
 
-__all__ = ["take_groups", "assemble", "StreamShortError"]
+__all__ = ["take_groups", "assemble", "StreamShortError", "StreamStalled", "STALL_S"]

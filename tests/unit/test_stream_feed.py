@@ -183,3 +183,80 @@ def test_a_resume_at_an_epoch_boundary_trains_every_group_once_and_then_stops(tm
     for c in calls:  # the prompts behind the groups: each drawn once
         uids += [c["wanted"]]
     assert sorted({g for w in uids for g in w}) == list(range(2, 8))
+
+
+# ---- the take (tasks/stream.py) against a scripted rollout pool --------------------------------------
+
+
+class _Pool:
+    """The rollout role's handle as the take sees it (one rank): groups finish when the script says."""
+
+    def __init__(self, oldest: dict[int, int], stalled: bool = False):
+        self.oldest, self.stalled = oldest, stalled  # gid -> its oldest token's version
+        self.held: set[int] = set()
+        self.synced: list[list[int]] = []
+        self.popped: list[int] = []
+
+    def stream_sync(self, wanted):
+        self.synced.append([w["gid"] for w in wanted])
+        self.held = {w["gid"] for w in wanted}
+        return [{}]
+
+    def stream_finished(self):
+        if self.stalled:
+            return [[]]
+        return [[{"gid": g, "done_seq": g, "finished_at": float(g), "oldest_version": self.oldest.get(g, 5)}
+                 for g in sorted(self.held)]]
+
+    def stream_pop(self, gids):
+        self.popped += list(gids)
+        self.held -= set(gids)
+        self.oldest = {g: 5 for g in self.oldest}  # a regenerated group comes back with the newest weights
+        return [[{"gid": g, "tokens": [[1, 2], [3]], "log_probs": [[-1.0, -1.0], [-1.0]],
+                  "versions": [[self.oldest.get(g, 5)] * 2, [5]], "finish": ["stop", "stop"],
+                  "started_at": 0.0, "finished_at": 1.0, "chunks": 1} for g in gids]]
+
+    def stream_stats(self, reset=True):
+        return [{"busy_s": 1.0, "idle_s": 1.0, "weight_loads": 0, "interrupted_rows": 0, "prefill_tokens": 0,
+                 "tokens": 0, "pad_id": 0}]
+
+
+def _take(tmp_path, monkeypatch, pool: _Pool, *extra: str, spare: int = 0):
+    import tasks.stream as S
+    from tasks.common import RunContext
+
+    monkeypatch.setattr(S, "pool_of", lambda run, role: pool)
+    monkeypatch.setattr(S, "weight_sync", lambda run, rollout: type("W", (), {"deliver": lambda self, v: None})())
+    prompts = Batch.from_dict({"prompt_ids": torch.tensor([[0, 5, 6]] * 6), "prompt_mask": torch.tensor([[0, 1, 1]] * 6).bool()},
+                              {"uid": [f"u{i}" for i in range(6)]})
+    ref = prompts.save(str(tmp_path / "prompts"))
+    entries = [{"gid": g, "uri": ref.uri, "checksum": ref.checksum, "row": g, "seed": g} for g in range(6)]
+    cfg = tiny_cfg("trainer.async_mode=stream", "trainer.max_staleness=1", POOL, "rollout.samples_per_prompt=2",
+                   "data.prompts_per_iteration=2", *extra)
+    run = RunContext("r", str(tmp_path), 3, "ns", 0, cfg.model_dump(mode="json"))
+    return S._take_groups.fn(run, entries[:4], entries[4:4 + spare], 2, 5)
+
+
+def test_the_take_regenerates_a_stale_group_and_keeps_the_batch_whole(tmp_path, monkeypatch):
+    pool = _Pool({0: 3, 1: 5, 2: 5, 3: 5})  # group 0's oldest token is 2 versions behind v5
+    rows, result = _take(tmp_path, monkeypatch, pool)
+    assert result.groups == (1, 0) and result.dropped == ()  # 1 first; 0 generated again, then taken
+    assert pool.synced[0] == [0, 1, 2, 3] and len(pool.synced) == 2  # re-synced after forgetting 0
+    assert rows.meta["metrics"]["rollout/regenerated_stale"] == 2.0  # its 2 trajectories
+    assert rows["rollout_token_versions"].shape == rows["response_mask"].shape and len(rows) == 4
+
+
+def test_the_take_drops_a_stale_group_and_starts_a_spare(tmp_path, monkeypatch):
+    pool = _Pool({0: 3, 1: 5, 2: 5, 3: 5})
+    rows, result = _take(tmp_path, monkeypatch, pool, "trainer.staleness_policy=drop", spare=2)
+    assert result.dropped == (0,) and result.started == (4,) and result.groups == (1, 2)
+    assert pool.synced[-1] == [1, 2, 3, 4]
+    assert rows.meta["metrics"]["rollout/dropped_stale"] == 2.0
+
+
+def test_a_take_that_sees_no_progress_fails_in_one_line(tmp_path, monkeypatch):
+    import tasks.stream as S
+
+    monkeypatch.setattr(S, "STALL_S", 0.5)
+    with pytest.raises(S.StreamStalled, match="generated nothing for 0 s with 4 group"):
+        _take(tmp_path, monkeypatch, _Pool({}, stalled=True))
