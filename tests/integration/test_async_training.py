@@ -111,6 +111,28 @@ def _wait_for(run_dir: Path, entry: tuple[int, str], proc, log: Path, timeout_s:
         time.sleep(0.05)
 
 
+def killed_then_resumed(args: list[str], run_dir: Path, tmp_path: Path, kill_at: tuple[int, str],
+                        first_waits_for=None) -> None:
+    """Start ``hybridflow train args`` (log: tmp_path/first.log), call ``first_waits_for()`` if given,
+    kill the driver's process group once node ``kill_at`` = (iteration, node) has started, check
+    that the checkpoint after iteration 2 is the newest (save_every 2), and resume the run to its
+    end (exit 0, log: tmp_path/resume.log)."""
+    log = tmp_path / "first.log"
+    first = start_train(args, log=log)
+    try:
+        if first_waits_for is not None:
+            first_waits_for()
+        _wait_for(run_dir, kill_at, first, log)
+    finally:
+        kill_group(first)
+    assert (run_dir / "checkpoints" / "iter_000002").exists() and not (run_dir / "checkpoints" / "iter_000004").exists()
+    resumed = start_train(["--resume", str(run_dir)], log=tmp_path / "resume.log")
+    try:
+        assert resumed.wait(timeout=900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    finally:
+        kill_group(resumed)
+
+
 def test_killed_rollout_worker_and_driver_resume_to_the_same_weights(reference, arith_files, varied_reward, tmp_path):
     import ray
 
@@ -124,21 +146,13 @@ def test_killed_rollout_worker_and_driver_resume_to_the_same_weights(reference, 
     # inside that call (the hold plugin keeps the call until the kill lands)
     killer = ActorKiller(run_dir, ["rollout_generate-v1"])
     killer.start()
-    log = tmp_path / "first.log"
-    first = start_train(args, log=log)
-    try:
+
+    def actor_killed() -> None:
         killer.join(timeout=600)
         assert killer.error is None and len(killer.kills) == 1, killer.error
-        # then kill the driver while iteration 4 trains and iteration 5's rollout is in flight
-        _wait_for(run_dir, (4, "old_log_probs"), first, log)
-    finally:
-        kill_group(first)
-    assert (run_dir / "checkpoints" / "iter_000002").exists() and not (run_dir / "checkpoints" / "iter_000004").exists()
-    resumed = start_train(["--resume", str(run_dir)], log=tmp_path / "resume.log")
-    try:
-        assert resumed.wait(timeout=900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
-    finally:
-        kill_group(resumed)
+
+    # then kill the driver while iteration 4 trains and iteration 5's rollout is in flight
+    killed_then_resumed(args, run_dir, tmp_path, (4, "old_log_probs"), first_waits_for=actor_killed)
     assert executions(run_dir).count((3, "rollout")) >= 2  # the killed generation ran again (a task retry)
     from workers.pool import read_pool_events
 

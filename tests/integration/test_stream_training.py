@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from tests.integration.conftest import tiny_overrides
-from tests.integration.test_async_training import ROLLOUT_POOL, _wait_for
+from tests.integration.test_async_training import ROLLOUT_POOL, killed_then_resumed
 from tests.integration.test_reliability_runs import VARIED_REWARD
-from tests.train_process import kill_group, start_train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -109,18 +108,7 @@ def test_completion_order_run_trains_and_a_killed_driver_resumes_exactly_once(ar
                    **{"placement.ray_address": ray.get_runtime_context().gcs_address,
                       "actor.max_token_staleness": "1"})
     run_dir = tmp_path / "runs" / "stream-killed"
-    log = tmp_path / "first.log"
-    first = start_train(args, log=log)
-    try:
-        _wait_for(run_dir, (3, "old_log_probs"), first, log)
-    finally:
-        kill_group(first)
-    assert (run_dir / "checkpoints" / "iter_000002").exists() and not (run_dir / "checkpoints" / "iter_000004").exists()
-    resumed = start_train(["--resume", str(run_dir)], log=tmp_path / "resume.log")
-    try:
-        assert resumed.wait(timeout=900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
-    finally:
-        kill_group(resumed)
+    killed_then_resumed(args, run_dir, tmp_path, (3, "old_log_probs"))
     trained: list[int] = []
     uids: list[str] = []
     for it in range(1, ITERATIONS + 1):

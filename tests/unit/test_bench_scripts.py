@@ -260,3 +260,20 @@ def test_rollout_dtypes_refuses_one_dtype():
 
     with pytest.raises(SystemExit):
         rollout_dtype.main(["--dtypes", "bfloat16", "--no-docs"])
+
+
+def test_stream_chunks_smoke(tmp_path):
+    """bench/stream_chunks.py on the tiny model: every setting generates the same groups; smaller
+    chunks need more engine calls and prefill more tokens (prompt + prefix again each chunk)."""
+    from bench import stream_chunks
+
+    out = tmp_path / "sc.json"
+    assert stream_chunks.main(["--model", "tiny", "--groups", "2", "--samples", "2", "--tokens", "12", "--chunks",
+                               "3,6,12", "--repeats", "1", "--out", str(out), "--no-docs"]) == 0
+    res = json.loads(out.read_text())
+    s = res["settings"]
+    assert list(s) == ["chunk 3", "chunk 6", "whole"]  # 12 is the whole response: not a partial setting
+    assert s["whole"]["calls"] == 1 and s["whole"]["wall_ratio_to_whole"] == 1.0
+    assert s["chunk 3"]["calls"] >= s["chunk 6"]["calls"] >= 1
+    assert s["chunk 3"]["prefill_tokens"] > s["whole"]["prefill_tokens"]
+    assert "÷ whole" in stream_chunks.render(res)
