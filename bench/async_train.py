@@ -1,27 +1,35 @@
 """Asynchronous training against synchronous, side by side: the demo's GRPO run as
-examples/grpo_arith.yaml (one colocated pool, 2 torch threads) and as
-examples/grpo_arith_async.yaml (``trainer.max_staleness: 1``: a rollout pool and a trainer pool,
-1 torch thread each, ``tis`` correction), each a real ``hybridflow train`` run.
+examples/grpo_arith.yaml (``sync``: one colocated pool, 2 torch threads), as
+examples/grpo_arith_async.yaml (``async``: ``trainer.max_staleness: 1``, whole rollouts generated
+ahead; a rollout pool and a trainer pool, 1 torch thread each, ``tis`` correction) and as
+examples/grpo_arith_stream.yaml (``stream``: ``trainer.async_mode: stream``, prompt groups
+generated continuously on the rollout pool with partial rollouts across weight updates; the same
+pools, staleness bound and correction), each a real ``hybridflow train`` run.
 
-    hybridflow bench async [--iterations 5] [--variant NAME=KEY=VALUE[,KEY=VALUE]] ...
-                           [--extra KEY=VALUE] [--no-default-variants] [--out PATH] [--no-docs]
+    hybridflow bench async [--iterations 5] [--configs sync,async,stream]
+                           [--variant NAME=KEY=VALUE[,KEY=VALUE]] ... [--extra KEY=VALUE]
+                           [--from-runs NAME=SYNC_DIR,ASYNC_DIR[,STREAM_DIR]] [--runs-iterations FIRST..LAST]
+                           [--no-default-variants] [--out PATH] [--no-docs]
 
-Each variant (the demo's settings, plus by default ``rollout.samples_per_prompt=4``) runs both
-configurations, in the order sync, async for the first variant and async, sync for the next
-(A B, B A, ...), each a fresh ``hybridflow train`` subprocess with validation off and checkpoints
-only at the end (outside the timed iterations). Iteration 1 is a warm-up and is dropped; the
-asynchronous run does one extra iteration at the end, also dropped, because with nothing left to
-generate ahead the last iteration does not overlap (a drain, not the steady state). So each side
-is timed on iterations 2 … N.
+Each variant (the demo's settings, plus by default ``rollout.samples_per_prompt=4``) runs every
+configuration of ``--configs`` (default all three), in that order for the first variant and in
+the reverse order for the next (sync async stream, stream async sync, ...), each a fresh
+``hybridflow train`` subprocess with validation off and checkpoints only at the end (outside the
+timed iterations). Iteration 1 is a warm-up and is dropped; the ``async`` and ``stream`` runs do
+one extra iteration at the end, also dropped, because with nothing left to generate ahead the last
+iteration does not overlap (a drain, not the steady state). So each run is timed on iterations
+2 … N.
 
 Reported per configuration (medians over the timed iterations, from the run's metrics.jsonl):
 ``timing_s/iteration_wall`` (the driver's wall time per iteration, including waiting for the
 rollout), tokens/s = ``perf/total_num_tokens`` (prompt + response) / iteration wall, the phases
-``timing_s/gen``, ``timing_s/old_log_probs``, ``timing_s/update_actor``, ``timing_s/weight_sync``,
-``timing_s/reward``, ``timing_s/adv``, and ``async/overlap_fraction``; the ratio async ÷ sync of
-the medians. From the phase times, the speedup to expect when rollout and training each have a
-device of their own (:func:`expected_speedup`). Writes bench/results/async.json and the ``async``
-table of docs/benchmarks.md.
+``timing_s/gen`` (for ``stream``: the take node's wall time, generation itself overlapped),
+``timing_s/old_log_probs``, ``timing_s/update_actor``, ``timing_s/weight_sync``,
+``timing_s/reward``, ``timing_s/adv``, and ``async/overlap_fraction``; the ratios async ÷ sync and
+stream ÷ sync of the medians (where both sides were measured). From the phase times, per
+overlapped configuration, the speedup to expect when rollout and training each have a device of
+their own (:func:`expected_speedup`). Writes bench/results/async.json and the ``async`` table of
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -40,7 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 
-CONFIGS = {"sync": "examples/grpo_arith.yaml", "async": "examples/grpo_arith_async.yaml"}
+CONFIGS = {"sync": "examples/grpo_arith.yaml", "async": "examples/grpo_arith_async.yaml",
+           "stream": "examples/grpo_arith_stream.yaml"}
+OVERLAPPED = ("async", "stream")  # generate while the trainer trains: one drain iteration each, compared with sync
+RATIO_KEYS = {"async": "ratio_async_to_sync", "stream": "ratio_stream_to_sync"}
+PROJECTION_KEYS = {"async": "expected_dedicated", "stream": "expected_dedicated_stream"}
 PHASES = {"gen": "timing_s/gen", "old_log_probs": "timing_s/old_log_probs", "reward": "timing_s/reward",
           "adv": "timing_s/adv", "update_actor": "timing_s/update_actor", "weight_sync": "timing_s/weight_sync"}
 DEMO_TRAIN = common.ROOT / "data" / "arith" / "train.parquet"
@@ -52,10 +64,11 @@ DEFAULT_VARIANTS = {"demo": {}, "samples_per_prompt=4": {"rollout.samples_per_pr
 
 def run_overrides(config: str, iterations: int, run_dir: str, train_file: str,
                   extra: dict[str, str]) -> list[str]:
-    """Dotted overrides of one timed run: ``iterations`` (+1 drain iteration for ``async``),
-    validation off, one checkpoint at the end, the bench's own run dir and MLflow store."""
+    """Dotted overrides of one timed run, as ``KEY=VALUE`` strings: ``iterations`` (+1 drain
+    iteration for ``async`` and ``stream``), validation off, one checkpoint at the end, the bench's
+    own run dir and MLflow store, then ``extra``."""
     ov = {"trainer.run_id": config, "trainer.run_dir": run_dir,
-          "trainer.total_iterations": iterations + (1 if config == "async" else 0),
+          "trainer.total_iterations": iterations + (1 if config in OVERLAPPED else 0),
           "trainer.val_every": 0, "trainer.val_before_train": "false", "trainer.save_every": 0,
           "data.train_files": f"[{train_file}]", "data.val_files": f"[{train_file}]",
           "tracking.mlflow_uri": f"sqlite:///{run_dir}/mlflow.db", **extra}
@@ -90,7 +103,8 @@ def iteration_row(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def timed_rows(records: list[dict[str, Any]], iterations: int, first: int = 2) -> list[dict[str, Any]]:
-    """Iterations ``first`` … ``iterations`` (1 is the warm-up; an async run's extra last one, the drain, is cut)."""
+    """The :func:`iteration_row` of iterations ``first`` … ``iterations`` (1 is the warm-up; an async
+    or stream run's extra last one, the drain, is cut)."""
     return [iteration_row(r) for r in records if first <= r["iteration"] <= iterations]
 
 
@@ -134,8 +148,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratios(sync: dict[str, Any], asyn: dict[str, Any]) -> dict[str, float | None]:
-    """async ÷ sync of the medians: wall (< 1: async faster), tokens/s (> 1: async faster), each phase
-    (None where the sync run does not have that phase)."""
+    """Overlapped ÷ sync of the medians (``asyn``: the summary of an ``async`` or ``stream`` run):
+    wall (< 1: the overlapped run faster), tokens/s (> 1: faster), each phase (None where the sync
+    run does not have that phase)."""
     def div(a: float, b: float) -> float | None:
         return a / b if b > 0 else None
 
@@ -147,16 +162,21 @@ def ratios(sync: dict[str, Any], asyn: dict[str, Any]) -> dict[str, float | None
 
 
 def expected_speedup(sync: dict[str, Any], asyn: dict[str, Any]) -> dict[str, float]:
-    """The speedup to expect with a device each for rollout and training, from medians (seconds).
+    """The speedup to expect with a device each for rollout and training, from medians (seconds):
+    {gen_s, train_s, old_log_probs_s, weight_sync_s, overhead_s, sync_s, one_step_off_s, speedup,
+    bound}. ``asyn`` is the summary of an overlapped run, ``async`` or ``stream`` (both generate
+    while the trainer trains, at most one weights version behind).
 
     gen and train are the synchronous run's (2 threads: the speed of a dedicated device of this
-    kind); train = reward + adv + update_actor. The asynchronous trainer also recomputes
+    kind); train = reward + adv + update_actor. The overlapped trainer also recomputes
     old log-probs (the proximal policy ``tis`` needs; the sync run takes them from the rollout
-    engine): its time is the async run's, scaled to 2 threads by update_sync / update_async.
+    engine): its time is the overlapped run's, scaled to 2 threads by update_sync / update_overlapped.
     overhead = sync wall − gen − train (Prefect dispatch, batch load/save). Then
-    sync ≈ gen + train + overhead (the measured sync wall) and one-step-off ≈
-    max(gen, old_log_probs + train + weight_sync) + overhead; speedup = sync ÷ one-step-off.
-    ``bound`` = (gen + train) ÷ max(gen, train): the most any overlap could give.
+    sync ≈ gen + train + overhead (the measured sync wall) and overlapped (``one_step_off_s``) ≈
+    max(gen, old_log_probs + train + weight_sync) + overhead; speedup = sync ÷ overlapped.
+    ``bound`` = (gen + train) ÷ max(gen, train): the most any overlap could give. For ``stream``
+    the re-prefill of partial rollouts (``stream/prefill_tokens``) is rollout-side work this does
+    not count: it is hidden while the trainer's side is the longer one.
     """
     p, q = ({k: v["median"] for k, v in s["phases_s"].items()} for s in (sync, asyn))
     gen, train = p["gen"], p["reward"] + p["adv"] + p["update_actor"]
@@ -180,57 +200,77 @@ def ensure_train_file(workdir: Path, prompts: int = 256) -> str:
     return common.write_arith_file(workdir / "train.jsonl", prompts, seed=0)
 
 
+def compare(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """For each overlapped configuration measured alongside ``sync`` in ``summary`` ({config:
+    :func:`summarize`}): its :func:`ratios` to sync under ``RATIO_KEYS[config]`` and its
+    :func:`expected_speedup` under ``PROJECTION_KEYS[config]``; {} without a sync run."""
+    out: dict[str, dict[str, Any]] = {}
+    if "sync" not in summary:
+        return out
+    for config in OVERLAPPED:
+        if config in summary:
+            out[RATIO_KEYS[config]] = ratios(summary["sync"], summary[config])
+            out[PROJECTION_KEYS[config]] = expected_speedup(summary["sync"], summary[config])
+    return out
+
+
 def measure_variant(name: str, overrides: dict[str, str], order: list[str], iterations: int, workdir: Path,
                     train_file: str, timeout_s: float) -> dict[str, Any]:
-    """Both configurations on one variant, in ``order``; their rows, summaries, ratios and the projection."""
+    """The configurations ``order`` on one variant, run in that order; returns their runs, summaries
+    (in ``CONFIGS`` order) and :func:`compare`'s ratios and projections."""
     print(f"variant {name}: {' then '.join(order)}", flush=True)
     runs = {}
     for config in order:
         d = workdir / name.replace("=", "_") / config
         d.mkdir(parents=True, exist_ok=True)
         runs[config] = run_config(config, iterations, d, train_file, overrides, timeout_s)
-    summary = {c: summarize(runs[c]["iterations"]) for c in CONFIGS}
-    return {"overrides": overrides, "order": order, "runs": runs, "summary": summary,
-            "ratio_async_to_sync": ratios(summary["sync"], summary["async"]),
-            "expected_dedicated": expected_speedup(summary["sync"], summary["async"])}
+    summary = {c: summarize(runs[c]["iterations"]) for c in CONFIGS if c in runs}
+    return {"overrides": overrides, "order": order, "runs": runs, "summary": summary, **compare(summary)}
 
 
-def from_runs(sync_dir: str | Path, async_dir: str | Path, iterations: int, first: int = 2) -> dict[str, Any]:
-    """A variant read from two finished (or stopped) ``hybridflow train`` run folders of the two
-    configurations, e.g. the learning runs of docs/results.md: their iterations ``first`` …
-    ``iterations`` (keep an async run's last iteration, the drain, and any iteration right after a
-    validation or a resume out of the range). Raises ValueError when a run has none of them."""
+def from_runs(sync_dir: str | Path, async_dir: str | Path, iterations: int, first: int = 2,
+              stream_dir: str | Path | None = None) -> dict[str, Any]:
+    """A variant read from finished (or stopped) ``hybridflow train`` run folders, one per
+    configuration (sync, async and optionally stream), e.g. the learning runs of docs/results.md:
+    their iterations ``first`` … ``iterations`` (keep an async or stream run's last iteration, the
+    drain, and any iteration right after a validation or a resume out of the range). Returns the
+    variant (runs, summaries, :func:`compare`'s ratios and projections). Raises ValueError when a
+    run has none of those iterations."""
     runs = {}
-    for config, d in (("sync", sync_dir), ("async", async_dir)):
+    dirs = [("sync", sync_dir), ("async", async_dir)] + ([("stream", stream_dir)] if stream_dir is not None else [])
+    for config, d in dirs:
         rows = timed_rows(read_iterations(Path(d) / "metrics.jsonl"), iterations, first)
         if not rows:
             raise ValueError(f"{d}: no iterations {first}..{iterations} in metrics.jsonl")
         runs[config] = {"run_dir": str(d), "iterations": rows}
-    summary = {c: summarize(runs[c]["iterations"]) for c in CONFIGS}
+    summary = {c: summarize(runs[c]["iterations"]) for c in CONFIGS if c in runs}
     return {"source": "run folders", "timed_iterations": f"{first}..{iterations}", "runs": runs, "summary": summary,
-            "ratio_async_to_sync": ratios(summary["sync"], summary["async"]),
-            "expected_dedicated": expected_speedup(summary["sync"], summary["async"])}
+            **compare(summary)}
 
 
 def measure(variants: dict[str, dict[str, str]], iterations: int, extra: dict[str, str],
             workdir: str | None = None, timeout_s: float = 1800,
-            runs: dict[str, tuple[str, str]] | None = None,
-            runs_iterations: tuple[int, int] | None = None) -> dict[str, Any]:
-    """Every variant (its overrides on top of ``extra``), alternating the order of the two runs;
-    first the variants read from run folders (``runs``: {name: (sync dir, async dir)}, their
-    iterations ``runs_iterations`` = (first, last), default 2 … ``iterations``)."""
+            runs: dict[str, tuple[str, ...]] | None = None,
+            runs_iterations: tuple[int, int] | None = None,
+            configs: list[str] | None = None) -> dict[str, Any]:
+    """Every variant (its overrides on top of ``extra``) on each of ``configs`` (default all of
+    ``CONFIGS``), in that order for even variants and reversed for odd ones; first the variants
+    read from run folders (``runs``: {name: (sync dir, async dir[, stream dir])}, their iterations
+    ``runs_iterations`` = (first, last), default 2 … ``iterations``). Returns the result: the
+    variants by name plus the settings and the load average before and after."""
+    configs = list(configs or CONFIGS)
     load_before = [round(x, 2) for x in os.getloadavg()]
     out: dict[str, Any] = {"iterations": iterations, "timed_iterations": f"2..{iterations}",
-                           "configs": CONFIGS, "extra_overrides": extra, "load_avg_before": load_before,
-                           "variants": {}}
-    for name, (s, a) in (runs or {}).items():
+                           "configs": {c: CONFIGS[c] for c in configs}, "extra_overrides": extra,
+                           "load_avg_before": load_before, "variants": {}}
+    for name, dirs in (runs or {}).items():
         first, last = runs_iterations or (2, iterations)
-        out["variants"][name] = from_runs(s, a, last, first)
+        out["variants"][name] = from_runs(dirs[0], dirs[1], last, first, stream_dir=dirs[2] if len(dirs) > 2 else None)
     with tempfile.TemporaryDirectory(prefix="hybridflow-bench-async-", dir=workdir) as d:
         train_file = ensure_train_file(Path(d))
         out["train_file"] = str(Path(train_file).relative_to(common.ROOT)) if train_file == str(DEMO_TRAIN) else "generated"
         for i, (name, ov) in enumerate(variants.items()):
-            order = list(CONFIGS) if i % 2 == 0 else list(CONFIGS)[::-1]
+            order = configs if i % 2 == 0 else configs[::-1]
             out["variants"][name] = measure_variant(name, {**extra, **ov}, order, iterations, Path(d),
                                                     train_file, timeout_s)
     out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -245,26 +285,48 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
 
 
 def _variant_rows(name: str, v: dict[str, Any]) -> list[tuple]:
+    """The measured table's rows of one variant: one per configuration it has (in ``CONFIGS``
+    order), then one per ratio to sync it has ("async ÷ sync", "stream ÷ sync")."""
     rows = []
-    for c in CONFIGS:
+    for c in (c for c in CONFIGS if c in v["summary"]):
         s = v["summary"][c]
         ph = {k: x["median"] for k, x in s["phases_s"].items()}
         rows.append((name, c, _f(s["wall_s"]["median"]), _f(s["tokens_per_s"]["median"]), _f(ph["gen"]),
                      _f(ph["old_log_probs"] or None), _f(ph["update_actor"]), _f(ph["weight_sync"] or None),
                      _f(s["overlap_fraction"]["median"], "{:.2f}")))
-    r = v["ratio_async_to_sync"]
-    rows.append((name, "async ÷ sync", _f(r["wall_s"], "{:.2f}"), _f(r["tokens_per_s"], "{:.2f}"),
-                 _f(r["gen"], "{:.2f}"), "—", _f(r["update_actor"], "{:.2f}"), "—", ""))
+    for c in OVERLAPPED:
+        r = v.get(RATIO_KEYS[c])
+        if r is not None:
+            rows.append((name, f"{c} ÷ sync", _f(r["wall_s"], "{:.2f}"), _f(r["tokens_per_s"], "{:.2f}"),
+                         _f(r["gen"], "{:.2f}"), "—", _f(r["update_actor"], "{:.2f}"), "—", ""))
+    return rows
+
+
+def _projection_rows(name: str, v: dict[str, Any]) -> list[tuple]:
+    """The projection table's rows of one variant: one per overlapped configuration it has a
+    projection for."""
+    rows = []
+    for c in OVERLAPPED:
+        e = v.get(PROJECTION_KEYS[c])
+        if e is not None:
+            rows.append((name, c, _f(e["gen_s"]), _f(e["train_s"]), _f(e["old_log_probs_s"]), _f(e["weight_sync_s"]),
+                         _f(e["overhead_s"]), _f(e["sync_s"]), _f(e["one_step_off_s"]), _f(e["speedup"], "{:.2f}×"),
+                         _f(e["bound"], "{:.2f}×")))
     return rows
 
 
 def render(res: dict[str, Any]) -> str:
-    """The ``async`` block of docs/benchmarks.md: the measured table and the projection."""
+    """The ``async`` block of docs/benchmarks.md: the measured table (each variant's configurations
+    and its ratios to sync, only those measured) and, where a variant has sync and an overlapped
+    configuration, the projection per overlapped configuration."""
     n = res["iterations"]
     b, a = res["load_avg_before"], res["load_avg_after"]
+    drained = [c for c in OVERLAPPED if c in res.get("configs", CONFIGS)]
+    runs_of = " and ".join(drained) + (" runs'" if len(drained) > 1 else " run's")
+    drain = f"; the {runs_of} drain iteration {n + 1} is cut" if drained else ""
     head = (common.measured_under(res["environment"]) + f" Load average before {b[0]:.2f} / {b[1]:.2f} / {b[2]:.2f}, "
-            f"after {a[0]:.2f} / {a[1]:.2f} / {a[2]:.2f}. Medians of iterations 2–{n} (iteration 1 is a warm-up; "
-            f"the async run's drain iteration {n + 1} is cut); validation off; data `{res['train_file']}`.")
+            f"after {a[0]:.2f} / {a[1]:.2f} / {a[2]:.2f}. Medians of iterations 2–{n} (iteration 1 is a warm-up"
+            f"{drain}); validation off; data `{res['train_file']}`.")
     for name, v in res["variants"].items():
         if v.get("source") == "run folders":
             head += (f" Setting *{name}*: read from the run folders {', '.join(r['run_dir'] for r in v['runs'].values())}"
@@ -272,17 +334,16 @@ def render(res: dict[str, Any]) -> str:
     rows = [row for name, v in res["variants"].items() for row in _variant_rows(name, v)]
     table = common.markdown_table(["setting", "configuration", "iteration s", "tokens/s", "gen s", "old log-probs s",
                                    "update s", "weight sync s", "overlap fraction"], rows, align="ll" + "r" * 7)
-    proj = []
-    for name, v in res["variants"].items():
-        e = v["expected_dedicated"]
-        proj.append((name, _f(e["gen_s"]), _f(e["train_s"]), _f(e["old_log_probs_s"]), _f(e["weight_sync_s"]),
-                     _f(e["overhead_s"]), _f(e["sync_s"]), _f(e["one_step_off_s"]), _f(e["speedup"], "{:.2f}×"),
-                     _f(e["bound"], "{:.2f}×")))
-    ptable = common.markdown_table(["setting", "gen s", "train s", "old log-probs s", "weight sync s", "overhead s",
-                                    "sync ≈ gen + train + overhead", "one-step-off ≈ max(gen, old lp + train + sync) + overhead",
-                                    "expected speedup", "bound (gen + train) ÷ max"], proj)
-    return (head + "\n\n" + table + "\n\nExpected with a device each for rollout and training (gen and train "
-            "from the synchronous run at 2 threads; old log-probs scaled from the async run to 2 threads):\n\n" + ptable)
+    proj = [row for name, v in res["variants"].items() for row in _projection_rows(name, v)]
+    if not proj:
+        return head + "\n\n" + table
+    ptable = common.markdown_table(["setting", "configuration", "gen s", "train s", "old log-probs s", "weight sync s",
+                                    "overhead s", "sync ≈ gen + train + overhead",
+                                    "overlapped ≈ max(gen, old lp + train + sync) + overhead",
+                                    "expected speedup", "bound (gen + train) ÷ max"], proj, align="ll" + "r" * 9)
+    return (head + "\n\n" + table + "\n\nExpected with a device each for rollout and training, per overlapped "
+            "configuration (gen and train from the synchronous run at 2 threads; old log-probs and weight sync "
+            "from that configuration's run, old log-probs scaled to 2 threads):\n\n" + ptable)
 
 
 def _variant(text: str) -> tuple[str, dict[str, str]]:
@@ -299,22 +360,40 @@ def _range(text: str) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def _run_pair(text: str) -> tuple[str, tuple[str, str]]:
+def _run_dirs(text: str) -> tuple[str, tuple[str, ...]]:
+    """``NAME=SYNC_DIR,ASYNC_DIR[,STREAM_DIR]`` → (name, (sync dir, async dir[, stream dir]))."""
     name, _, rest = text.partition("=")
     dirs = rest.split(",")
-    if not name or len(dirs) != 2 or not all(dirs):
-        raise argparse.ArgumentTypeError(f"--from-runs takes NAME=SYNC_RUN_DIR,ASYNC_RUN_DIR, got {text!r}")
-    return name, (dirs[0], dirs[1])
+    if not name or len(dirs) not in (2, 3) or not all(dirs):
+        raise argparse.ArgumentTypeError(
+            f"--from-runs takes NAME=SYNC_RUN_DIR,ASYNC_RUN_DIR[,STREAM_RUN_DIR], got {text!r}")
+    return name, tuple(dirs)
+
+
+def _configs(text: str) -> list[str]:
+    """``--configs``: a comma list of ``CONFIGS`` names, each once → the list, in the order given
+    (the run order of the first variant)."""
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONFIGS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"--configs takes a comma list of {', '.join(CONFIGS)}, each at most once, got {text!r}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``hybridflow bench async`` (module docstring): measure, write the result and the docs block;
+    returns the exit status, 0."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=5, help="iterations per run (iteration 1 is dropped)")
     p.add_argument("--variant", type=_variant, action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                    help="a setting to measure beyond the defaults (repeatable)")
     p.add_argument("--no-default-variants", action="store_true", help="measure only the --variant settings")
-    p.add_argument("--from-runs", type=_run_pair, action="append", default=[], metavar="NAME=SYNC_DIR,ASYNC_DIR",
-                   help="also summarize two existing run folders (iterations 2..--runs-iterations), repeatable")
+    p.add_argument("--configs", type=_configs, default=",".join(CONFIGS), metavar="NAME[,NAME]",
+                   help=f"the configurations each variant runs, in this order (default {','.join(CONFIGS)})")
+    p.add_argument("--from-runs", type=_run_dirs, action="append", default=[],
+                   metavar="NAME=SYNC_DIR,ASYNC_DIR[,STREAM_DIR]",
+                   help="also summarize existing run folders (iterations 2..--runs-iterations), repeatable")
     p.add_argument("--runs-iterations", type=_range, default=None, metavar="FIRST..LAST",
                    help="the timed iterations of --from-runs (default 2..--iterations)")
     p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
@@ -334,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no variant to measure")
     common.exit_cleanly_on_sigterm()
     res = measure(variants, args.iterations, dict(x.split("=", 1) for x in args.extra), timeout_s=args.timeout_s,
-                  runs=dict(args.from_runs), runs_iterations=args.runs_iterations)
+                  runs=dict(args.from_runs), runs_iterations=args.runs_iterations, configs=args.configs)
     common.write_result_and_render("async", res, render, out=args.out, docs=not args.no_docs)
     return 0
 
