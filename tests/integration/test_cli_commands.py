@@ -104,6 +104,8 @@ COMMANDS: dict[str, tuple[list[str], list[str], str | None]] = {
         ([], ["advantage(rollout <- filter_groups, reward <- filter_groups"], None),
     "hybridflow train -c examples/grpo_arith_async.yaml":
         ([*TINY_TRAIN, f"trainer.run_id={RUN}-async"], ["hybridflow run summary"], f"runs/{RUN}-async/summary.json"),
+    "hybridflow train -c examples/grpo_arith_stream.yaml":
+        ([*TINY_TRAIN, f"trainer.run_id={RUN}-stream"], ["hybridflow run summary"], f"runs/{RUN}-stream/summary.json"),
     "hybridflow dataflow show -c examples/grpo_arith_async.yaml":
         ([], ["generate_ahead(prompts, policy_version) -> rollout  calls rollout @ pool gen",
               "old_log_probs(rollout <- rollout", "advantage(rollout <- old_log_probs"], None),
@@ -192,4 +194,4 @@ def test_documented_commands_run_as_written(workdir, ray_cluster, capsys):
     # the resume as written continued the run (its summary again), it did not start another
     assert json.loads((workdir / "runs" / RUN / "summary.json").read_text())["iterations"] == 1
     assert sorted(p.name for p in (workdir / "runs").iterdir() if (p / "run.json").is_file()) == [
-        RUN, f"{RUN}-async", f"{RUN}-v"]
+        RUN, f"{RUN}-async", f"{RUN}-stream", f"{RUN}-v"]
