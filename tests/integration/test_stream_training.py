@@ -50,11 +50,12 @@ def _history(run_dir: Path) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def submission(prefect_api, ray_cluster, arith_files, varied_reward, tmp_path_factory) -> dict:
     """An uninterrupted streaming run in submission order (its schedule makes partial rollouts
-    happen whatever the timing)."""
+    happen whatever the timing), with LoRA adapters at lr 1e-2 (one run serves both tests below)."""
     from flows.train import train
 
     return train(overrides=_stream(tmp_path_factory.mktemp("stream-sub"), arith_files, "stream-sub", varied_reward,
-                                   **{"trainer.stream_order": "submission"}))
+                                   **{"trainer.stream_order": "submission", "model.lora_rank": "4",
+                                      "actor.lr": "1e-2"}))
 
 
 def test_groups_are_taken_whole_once_each_and_tokens_carry_their_versions(submission):
@@ -141,20 +142,15 @@ def _fresh_token_gap(run_dir: Path, it: int, version: int) -> tuple[float, float
     return float(gap[fresh].max()), float(gap[old].max())
 
 
-def test_lora_adapters_reach_the_streaming_rollout_pool(prefect_api, ray_cluster, arith_files, varied_reward,
-                                                         tmp_path):
+def test_lora_adapters_reach_the_streaming_rollout_pool(submission):
     """verl #7495 (async + LoRA never syncing the adapter), for the stream: with lr 1e-2 the adapter
     moves, so tokens the rollout pool labels with the trainer's current version carry that
     version's log-probs only if the adapter really arrived; older tokens are far from them."""
-    from flows.train import train
     from tasks.versions import read_ledger
 
-    summary = train(overrides=_stream(tmp_path, arith_files, "stream-lora", varied_reward, **{
-        "trainer.stream_order": "submission", "model.lora_rank": "4", "actor.lr": "1e-2",
-        "trainer.total_iterations": "2"}))
-    run_dir = Path(summary["run_dir"])
+    run_dir = Path(submission["run_dir"])
     ledger = read_ledger(str(run_dir), "policy")
-    for it in (2,):
+    for it in range(2, ITERATIONS + 1):
         fresh, old = _fresh_token_gap(run_dir, it, ledger[it - 1]["version_before"])
         assert fresh < 1e-3 < old, (it, fresh, old)
     synced = [m["perf/weight_sync_bytes"] for m in _history(run_dir).values()]
