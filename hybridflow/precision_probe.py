@@ -154,7 +154,9 @@ def decide_precision(cfg: ExperimentConfig, widths: tuple[int, int] | None = Non
     resolved = resolve_precision(requested, device_type=device, cuda_bf16=cuda_bf16, probe=probe)  # type: ignore[arg-type]
     if requested.startswith("bf16") and probe is not None and not probe.cpu_bf16:
         msg = (f"model.precision={requested} on a CPU without bf16 instructions ({cpu_description()[0]}): "
-               f"the probe measured a training step {1 / probe.layer_speedup:.2f}x slower than fp32")
+               + (f"the probe measured a training step {1 / probe.layer_speedup:.2f}x slower than fp32"
+                  if probe.layer_speedup < 1 else
+                  f"the probe measured a training step at {probe.layer_speedup:.2f}x fp32's speed at this width"))
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         _log.warning(msg)
     return resolved

@@ -50,7 +50,7 @@ from workers.rollout.finished_rows import FinishedRows
 from workers.rollout.fused_decode import FusedDecoder, why_not_fused_engine
 from workers.rollout.hf_sampler import RolloutSampler, clean_generation_config
 from workers.rollout.kv_cache import KVCache, ready_cache
-from workers.rollout.packed_weights import packed_linears
+from workers.rollout.packed_weights import packed_linears, packs
 from workers.shared_prefix import forward_kwargs, shared_prompt_cache, unwrapped
 
 
@@ -231,7 +231,7 @@ class HFRolloutEngine:
         elif not self.fused_decode:
             self.fused_decode_reason = self._fused_off
         else:
-            self.fused_decode_reason = why_not_fused_engine(self.model)
+            self.fused_decode_reason = why_not_fused_engine(self.model) or self._why_not_fused_dtype()
         try:
             if fused and self.fused_decode and self.fused_decode_reason is None:
                 with torch.no_grad():  # why_not_fused_engine has checked the model
@@ -249,6 +249,14 @@ class HFRolloutEngine:
         finally:
             self._fused = None
             self.model.train(was_training)
+
+    def _why_not_fused_dtype(self) -> str | None:
+        """Why the fused decoder cannot run in the decode dtype here (None: it can): it packs its
+        weights with oneDNN, which packs bfloat16 only on CPUs with avx512bw/vl/dq or avx_ne_convert."""
+        dtype = self.dtype or next(self.model.parameters()).dtype
+        if packs(dtype):
+            return None
+        return f"this CPU's oneDNN cannot pack {str(dtype).removeprefix('torch.')} weights (needs avx512bw/vl/dq or avx_ne_convert)"
 
     def _cast_dtype(self) -> torch.dtype | None:
         """``dtype`` where it differs from the model's weights' (the products run in it), else None."""

@@ -29,6 +29,7 @@ reads it as dense).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -43,6 +44,22 @@ def available() -> bool:
     ops = getattr(torch.ops, "mkldnn", None)
     return bool(torch.backends.mkldnn.is_available() and ops is not None
                 and hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight"))  # fmt: skip
+
+
+@functools.cache
+def packs(dtype: torch.dtype) -> bool:
+    """True when this machine's oneDNN can pack (and multiply) linear weights of ``dtype``: tried
+    once per process on a small weight. bfloat16 needs avx512bw/vl/dq or avx_ne_convert; on a CPU
+    with AVX2 only (e.g. an AMD EPYC before Zen 4) oneDNN refuses it, and a bfloat16 product runs
+    unpacked (under autocast) instead."""
+    if not available():
+        return False
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(16, 16, dtype=dtype), 4)
+        torch.ops.mkldnn._linear_pointwise(torch.ones(4, 16, dtype=dtype), w, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return True
 
 
 def packable(module: nn.Module, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
@@ -91,13 +108,13 @@ def packed_linears(model: nn.Module, batch_hint: int, dtype: torch.dtype | None 
 
     batch_hint: the expected rows per call (oneDNN picks the layout for it; any row count
     still gives the right result). Yields the number of modules packed (0 when oneDNN is not
-    available or nothing qualifies). Each packed module gets an instance ``forward`` for the
+    available, cannot pack ``dtype`` on this CPU (:func:`packs`), or nothing qualifies). Each packed module gets an instance ``forward`` for the
     duration of the block; it is removed on exit, also when the block raises. Calls that need
     a gradient, or run under CPU autocast, take ``F.linear`` instead (see the module docstring).
     """
     patched: list[nn.Module] = []
     try:
-        if available():
+        if available() and packs(dtype or torch.float32):
             hint = max(1, int(batch_hint))
             for module in model.modules():
                 if not packable(module):
@@ -115,4 +132,4 @@ def packed_linears(model: nn.Module, batch_hint: int, dtype: torch.dtype | None 
             module.__dict__.pop("forward", None)
 
 
-__all__ = ["available", "packable", "packed_linears"]
+__all__ = ["available", "packable", "packed_linears", "packs"]
