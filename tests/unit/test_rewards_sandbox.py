@@ -78,7 +78,10 @@ def outside_walls():
     import tempfile
     from pathlib import Path
 
-    path = Path(tempfile.mkdtemp(prefix=".sandbox-test-", dir=os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.commonpath([here, os.path.realpath(tempfile.gettempdir())]) == os.path.realpath(tempfile.gettempdir()):
+        here = os.path.expanduser("~")  # a checkout under /tmp (a CI clone) is walled off itself
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-test-", dir=here))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
