@@ -69,15 +69,16 @@ def _rollout_ahead(run: RunContext, prompts: Batch, policy_version: int | None =
     return rollout_on_pool(run, prompts, policy_version or 0)
 
 
-def _ahead_task(rollout_node: Node) -> Node:
-    """``rollout_node`` as the train flow's ``generate_ahead`` task: its own Prefect name (the UI
-    shows ``generate_ahead-000007``), the ``rollout`` node's cache key, files and metrics."""
-    task = rollout_node.task.with_options(name="generate_ahead", task_run_name="generate_ahead-{run.iteration:06d}",
+def driver_rollout_task(rollout_node: Node, name: str) -> Node:
+    """``rollout_node`` as a task the train flow submits itself (``generate_ahead``, the stream's
+    ``take_groups``): its own Prefect name (the UI shows ``<name>-000007``), the ``rollout`` node's
+    cache key, files and metrics."""
+    task = rollout_node.task.with_options(name=name, task_run_name=name + "-{run.iteration:06d}",
                                           cache_key_fn=functools.partial(node_cache_key, node="rollout"))
-    return dataclasses.replace(rollout_node, name="generate_ahead", task=task)
+    return dataclasses.replace(rollout_node, name=name, task=task)
 
 
-generate_ahead = _ahead_task(_rollout_ahead)  # (prompts, policy_version) -> RolloutResult, on the rollout pool
+generate_ahead = driver_rollout_task(_rollout_ahead, "generate_ahead")  # (prompts, policy_version) -> RolloutResult, on the rollout pool
 
 
 @node(name="old_log_probs", retries=2, roles=("policy",))

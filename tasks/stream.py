@@ -27,6 +27,7 @@ from hybridflow.metric_names import METRIC_NAMES as M
 from tasks.common import RunContext
 from tasks.node import node
 from tasks.pools import pool_of
+from tasks.rollout import driver_rollout_task
 from tasks.types import RolloutResult
 from tasks.weight_sync import weight_sync
 
@@ -257,19 +258,6 @@ def _zero_variance(run: RunContext, groups: list[dict[str, Any]], prompts: dict[
     return alike
 
 
-def _take_task(rollout_node: Any) -> Any:
-    """``rollout_node`` as the train flow's ``take_groups`` task (the UI shows ``take_groups-000007``),
-    with the ``rollout`` node's cache key, files and metrics."""
-    import dataclasses
-    import functools
-
-    from tasks.common import node_cache_key
-
-    task = rollout_node.task.with_options(name="take_groups", task_run_name="take_groups-{run.iteration:06d}",
-                                          cache_key_fn=functools.partial(node_cache_key, node="rollout"))
-    return dataclasses.replace(rollout_node, name="take_groups", task=task)
-
-
-take_groups = _take_task(_take_groups)  # (wanted, spare, count, policy_version) -> RolloutResult, on the rollout pool
+take_groups = driver_rollout_task(_take_groups, "take_groups")  # (wanted, spare, count, policy_version) -> RolloutResult, on the rollout pool
 
 __all__ = ["take_groups", "assemble", "StreamShortError", "StreamStalled", "STALL_S"]

@@ -130,11 +130,7 @@ class RolloutWorker(Generation, WeightsEndpoint):
                 raise WeightsUnavailable(
                     f"rollout rank {self.rank}: weights version {version} is not in the inbox "
                     f"(holds {sorted(self._inbox)}; loaded: {self.weights_version})")
-            self._load_published(state, version=version, where=f"published policy weights v{version}")
-            self.weights_version = version
-            with self._inbox_lock:
-                for old in [v for v in self._inbox if v < version]:
-                    del self._inbox[old]
+            self._install(version, state)
             return version
 
     @dispatch("dp_scatter")
@@ -194,12 +190,17 @@ class RolloutWorker(Generation, WeightsEndpoint):
                     return False
                 version = min(newer)
                 state = self._inbox[version]
+        self._install(version, state)
+        return True
+
+    def _install(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Load the published weights ``state`` of ``version`` into the engine (the caller holds the
+        lock) and drop older inbox entries."""
         self._load_published(state, version=version, where=f"published policy weights v{version}")
         self.weights_version = version
         with self._inbox_lock:
             for old in [v for v in self._inbox if v < version]:
                 del self._inbox[old]
-        return True
 
     def _mine(self, gid: int) -> bool:
         return int(gid) % self.world_size == self.rank
