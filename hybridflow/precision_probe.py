@@ -111,7 +111,7 @@ def probe_cpu(hidden: int, intermediate: int, *, repeats: int = 5, rows: int = P
 
 def probe_cache_file(key: str) -> Path:
     """``<cache_root>/precision/<sha256(key)[:16]>.json``."""
-    from hybridflow.models.gguf import cache_root
+    from hybridflow.cache import cache_root
 
     return cache_root() / "precision" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

@@ -15,7 +15,6 @@ import copy
 import functools
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,16 +22,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from hybridflow.cache import CACHE_ENV, cache_root  # noqa: F401  (re-exported)
 from hybridflow.models.fsutil import atomic_directory
 
-CACHE_ENV = "HYBRIDFLOW_CACHE"
 MARKER = "hybridflow_gguf.json"
-
-
-def cache_root() -> Path:
-    """``$HYBRIDFLOW_CACHE`` if set, else ``~/.cache/hybridflow``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "hybridflow"
 
 
 def file_sha256(path: str | Path, *, chunk_bytes: int = 1 << 22) -> str:
