@@ -33,7 +33,7 @@ GRACE_S = 25.0  # after the first signal, the process ends by then even if unwin
 
 _received: StopSignal | None = None
 _timer: threading.Timer | None = None
-_deferred = False  # the first signal came inside a finalizer and is being delivered again (_handle)
+_deferred = False  # the first signal's Stopped was dropped by Python and is being delivered again (_unraisable)
 DEFER_S = 0.05
 
 
@@ -109,15 +109,29 @@ def reset() -> None:
     _received, _timer, _deferred = None, None, False
 
 
-def _in_finalizer(frame: Any) -> bool:
-    """Whether ``frame`` (where the main thread was when the signal came) runs inside a ``__del__``:
-    Python prints and drops an exception raised there (``Exception ignored in: ... __del__``), so a
-    :class:`Stopped` raised there would be lost and the command would go on as if never signalled."""
-    while frame is not None:
-        if frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
+def _redeliver(signum: int) -> None:
+    """Send ``signum`` to this process again in :data:`DEFER_S` (its handler then raises anew)."""
+    timer = threading.Timer(DEFER_S, os.kill, args=(os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
+def _unraisable(unraisable: Any) -> None:
+    """``sys.unraisablehook``: Python drops an exception raised where it cannot propagate (an
+    object's ``__del__``, a weakref callback such as SQLAlchemy's ``_collection_gced``, a GC
+    callback) and reports it here. The main thread may be in any of them when the signal comes
+    (seen in real train runs, which then trained on to the end and exited 0); a :class:`Stopped`
+    dropped so is delivered again a moment later, once that code has returned. Anything else goes
+    to the hook that was there before."""
+    global _deferred
+    if isinstance(unraisable.exc_value, Stopped) and _received is not None:
+        _deferred = True
+        _redeliver(_received.signum)
+        return
+    _previous_unraisablehook(unraisable)
+
+
+_previous_unraisablehook = sys.unraisablehook
 
 
 def _handle(signum: int, frame: Any) -> None:
@@ -128,12 +142,7 @@ def _handle(signum: int, frame: Any) -> None:
         _received = StopSignal(signum, REASONS.get(signum, signal.Signals(signum).name.lower()))
         _quiet_prefect_crash_lines()
         _watchdog(_received, GRACE_S)
-    _deferred = _in_finalizer(frame)
-    if _deferred:  # raise it again a moment later, once the finalizer has returned
-        redeliver = threading.Timer(DEFER_S, os.kill, args=(os.getpid(), signum))
-        redeliver.daemon = True
-        redeliver.start()
-        return
+    _deferred = False
     raise Stopped(_received)
 
 
@@ -171,6 +180,10 @@ def install(*, prefect: bool = False) -> dict[int, Any] | None:
         return None
     if prefect:
         _keep_ours_in_flow_runs()
+    if sys.unraisablehook is not _unraisable:
+        global _previous_unraisablehook
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _unraisable
     return {s: signal.signal(s, _handle) for s in REASONS}
 
 

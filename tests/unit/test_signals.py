@@ -134,27 +134,68 @@ def test_a_hung_shutdown_ends_after_the_grace_period(tmp_path):
     assert not (tmp_path / "run" / "run.lock").exists()
 
 
-def test_a_signal_landing_in_a_finalizer_still_stops_the_command(monkeypatch):
-    """The main thread may be inside some object's ``__del__`` when the signal comes (an asyncio
-    transport collected under Prefect's client: seen in a real train run, which then trained on to
-    the end and exited 0). An exception raised there is printed and dropped by Python, so the stop
-    is delivered again once the finalizer has returned."""
-    monkeypatch.setattr(signals, "GRACE_S", 60.0)
-    signals.install()
-
+def _signal_inside_a_del() -> None:
     class Collected:
         def __del__(self):
             os.kill(os.getpid(), signal.SIGTERM)
             for _ in range(1000):  # the handler runs here, inside __del__
                 pass
 
-    with pytest.raises(KeyboardInterrupt) as stop:
-        Collected()  # collected at once: __del__ runs here
+    Collected()  # collected at once: __del__ runs here
+
+
+def _signal_inside_a_weakref_callback() -> None:
+    import weakref
+
+    class Target:
+        pass
+
+    def gced(ref):  # as SQLAlchemy's event registry's _collection_gced
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+
+    target = Target()
+    ref = weakref.ref(target, gced)
+    del target  # the callback runs here
+    assert ref() is None
+
+
+@pytest.mark.parametrize("land", [_signal_inside_a_del, _signal_inside_a_weakref_callback], ids=["__del__", "weakref"])
+def test_a_signal_landing_where_python_drops_exceptions_still_stops_the_command(monkeypatch, land):
+    """The main thread may be inside an object's ``__del__`` (an asyncio transport collected under
+    Prefect's client) or a weakref callback (SQLAlchemy's ``_collection_gced``) when the signal
+    comes: both seen in real train runs, which then trained on to the end and exited 0. Python
+    prints and drops an exception raised there (``Exception ignored in``); the stop is delivered
+    again once that code has returned (``sys.unraisablehook``), and nothing is printed."""
+    import io
+    from contextlib import redirect_stderr
+
+    monkeypatch.setattr(signals, "GRACE_S", 60.0)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # put back after the test
+    signals.install()
+    printed = io.StringIO()
+    with redirect_stderr(printed), pytest.raises(KeyboardInterrupt) as stop:
+        land()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             time.sleep(0.01)
     assert str(stop.value) == "terminated (SIGTERM)"
     assert signals.received().exit_code == 143
+    assert "Exception ignored" not in printed.getvalue()
+
+
+def test_other_dropped_exceptions_still_reach_the_previous_hook(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(type(u.exc_value).__name__))
+    signals.install()
+
+    class Broken:
+        def __del__(self):
+            raise ValueError("not a signal")
+
+    Broken()
+    assert seen == ["ValueError"]
 
 
 @pytest.mark.parametrize("sig,code,reason", [(signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hangup")])
