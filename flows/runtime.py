@@ -33,6 +33,21 @@ class PrefectServer:
     proc: subprocess.Popen | None  # None: we did not start it
     home: str
 
+    def wait_healthy(self, timeout_s: float = 120.0) -> PrefectServer:
+        """Until ``GET /health`` answers; a server we did not start is taken as it is. Stops the
+        server and raises RuntimeError with its last log lines when it exits or is not healthy in
+        ``timeout_s``."""
+        if self.proc is None:
+            return self
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if api_healthy(self.url):
+                return self
+            time.sleep(0.25)
+        self.stop()
+        tail = (Path(self.home) / "server.log").read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(f"Prefect server did not become healthy at {self.url} in {timeout_s}s:\n" + "\n".join(tail))
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -110,20 +125,16 @@ def seed_prefect_database(home: str | Path) -> bool:
     return True
 
 
-def start_prefect_server(
-    home: str | Path, *, port: int | None = None, timeout_s: float = 120.0, seed: bool = True
-) -> PrefectServer:
-    """Start ``prefect server start`` on 127.0.0.1 with SQLite under ``home``; wait until healthy.
-    A new home's database starts as a copy of the migrated template (:func:`seed_prefect_database`)
-    unless ``seed`` is false.
-
-    Raises RuntimeError with the server's last log lines if it does not come up in time."""
+def launch_prefect_server(home: str | Path, *, port: int | None = None, seed: bool = True) -> PrefectServer:
+    """Start ``prefect server start`` on 127.0.0.1 with SQLite under ``home`` and return at once,
+    before it is healthy (:meth:`PrefectServer.wait_healthy`), so the caller can start Ray while it
+    boots. A new home's database starts as a copy of the migrated template
+    (:func:`seed_prefect_database`) unless ``seed`` is false."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     if seed:
         seed_prefect_database(home)
     port = port or free_port()
-    url = f"http://127.0.0.1:{port}/api"
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
@@ -140,28 +151,29 @@ def start_prefect_server(
         [prefect_bin, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        if api_healthy(url):
-            return PrefectServer(url, proc, str(home))
-        time.sleep(0.5)
-    server = PrefectServer(url, proc, str(home))
-    server.stop()
-    tail = (home / "server.log").read_text(errors="replace").splitlines()[-15:]
-    raise RuntimeError(f"Prefect server did not become healthy at {url} in {timeout_s}s:\n" + "\n".join(tail))
+    return PrefectServer(f"http://127.0.0.1:{port}/api", proc, str(home))
 
 
-def ensure_prefect_api(home: str | Path) -> PrefectServer:
-    """Use $PREFECT_API_URL when set (fails clearly if unreachable); else start a local server.
-    Sets PREFECT_API_URL in this process's environment (inherited by Ray workers)."""
+def start_prefect_server(
+    home: str | Path, *, port: int | None = None, timeout_s: float = 120.0, seed: bool = True
+) -> PrefectServer:
+    """:func:`launch_prefect_server`, then wait until it is healthy.
+
+    Raises RuntimeError with the server's last log lines if it does not come up in time."""
+    return launch_prefect_server(home, port=port, seed=seed).wait_healthy(timeout_s)
+
+
+def launch_prefect_api(home: str | Path) -> PrefectServer:
+    """Use $PREFECT_API_URL when set (fails clearly if unreachable); else launch a local server
+    under ``home`` (:func:`launch_prefect_server`): the caller waits for it
+    (:meth:`PrefectServer.wait_healthy`) once it has started what can boot beside it (Ray).
+    Sets PREFECT_API_URL in this process's environment (inherited by Ray workers) either way."""
     url = os.environ.get("PREFECT_API_URL")
     if url:
         if not api_healthy(url, timeout_s=5):
             raise RuntimeError(f"PREFECT_API_URL={url} is not reachable (GET {url}/health failed)")
         return PrefectServer(url, None, "")
-    server = start_prefect_server(home)
+    server = launch_prefect_server(home)
     set_prefect_api_url(server.url)
     return server
 

@@ -4,7 +4,7 @@
 makes SIGTERM and SIGHUP unwind like Ctrl-C (:func:`stop_on_sigterm`), optionally starts the reaper watchdog
 (:func:`flows.runtime.start_reaper`: what the command starts dies with it, even after a SIGKILL),
 uses ``$PREFECT_API_URL`` or starts a local Prefect server on 127.0.0.1
-(:func:`flows.runtime.ensure_prefect_api`; Prefect's server-less ephemeral mode does not work under
+(:func:`flows.runtime.launch_prefect_api`; Prefect's server-less ephemeral mode does not work under
 Ray), and optionally starts Ray now (else whatever runs inside starts it on demand,
 :func:`flows.runtime.ensure_ray`). On exit, however the body ends, it stops what it started and
 nothing else: Ray if it was not running on entry, then the Prefect server after sending Prefect's
@@ -107,16 +107,18 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
     if reaper:
         runtime.start_reaper()  # what this command starts from here on dies with it, even after a SIGKILL
     server = None
-    api_url_before = os.environ.get("PREFECT_API_URL")  # unset: ensure_prefect_api exports its server's
+    api_url_before = os.environ.get("PREFECT_API_URL")  # unset: launch_prefect_api exports its server's
     home_before = os.environ.get(PREFECT_HOME_ENV)
     try:
-        if prefect:
-            server = runtime.ensure_prefect_api(prefect_home or default_prefect_home(cfg))
+        if prefect:  # launched, not waited for: Ray starts while it boots (a core each on 2 cores)
+            server = runtime.launch_prefect_api(prefect_home or default_prefect_home(cfg))
             if server.home:
                 os.environ[PREFECT_HOME_ENV] = str(Path(server.home).resolve())
         if ray:
             runtime.ensure_ray(cfg)
             stop_on_sigterm(prefect=prefect)  # ray.init installs its own SIGTERM handler, which aborts the driver (exit -6)
+        if server is not None:
+            server.wait_healthy()
         yield Services(server.url if server else None, (server.home or "") if server else None)
     finally:
         try:
@@ -127,7 +129,7 @@ def services(cfg: Any, *, prefect: bool = True, prefect_home: str | None = None,
                 drain_prefect_services()
                 server.stop()
                 if not api_url_before and os.environ.get("PREFECT_API_URL") == server.url:
-                    runtime.set_prefect_api_url(None)  # exported by ensure_prefect_api for the server now stopped
+                    runtime.set_prefect_api_url(None)  # exported by launch_prefect_api for the server now stopped
             if home_before is None:
                 os.environ.pop(PREFECT_HOME_ENV, None)
             else:

@@ -15,7 +15,7 @@ def no_services(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a service was started before the arguments were checked")
 
-    monkeypatch.setattr("flows.runtime.ensure_prefect_api", refuse)
+    monkeypatch.setattr("flows.runtime.launch_prefect_api", refuse)
     monkeypatch.setattr("flows.runtime.ensure_ray", refuse)
 
 

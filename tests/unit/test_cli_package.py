@@ -111,7 +111,11 @@ def fakes(monkeypatch):
     events: list[str] = []
 
     class Server:
-        url, home, proc = "http://127.0.0.1:1/api", "/tmp/home", "started by ensure_prefect_api"
+        url, home, proc = "http://127.0.0.1:1/api", "/tmp/home", "started by launch_prefect_api"
+
+        def wait_healthy(self):
+            events.append("server.healthy")
+            return self
 
         def stop(self):
             events.append("server.stop")
@@ -123,7 +127,7 @@ def fakes(monkeypatch):
         ray.up = True
 
     monkeypatch.setitem(sys.modules, "ray", ray)
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", lambda home: events.append(f"prefect {home}") or Server())
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", lambda home: events.append(f"prefect {home}") or Server())
     monkeypatch.setattr(flows.runtime, "ensure_ray", ensure_ray)
     monkeypatch.setattr(flows.runtime, "start_reaper", lambda: events.append("reaper"))
     monkeypatch.setattr(flows.services, "drain_prefect_services", lambda: events.append("drain"))
@@ -145,14 +149,15 @@ def test_services_starts_what_is_asked_and_stops_it_in_order(fakes, tmp_path):
         assert running.prefect_url == "http://127.0.0.1:1/api" and running.prefect_home == "/tmp/home"
         assert signal.getsignal(signal.SIGTERM) is not handler  # SIGTERM unwinds while the services run
         events.append("body")
-    assert events == ["reaper", f"prefect {tmp_path.resolve() / '.prefect'}", "ray.start", "body", "drain",
-                      "server.stop"]
+    # the server is launched, Ray starts while it boots, then the body waits for it to be healthy
+    assert events == ["reaper", f"prefect {tmp_path.resolve() / '.prefect'}", "ray.start", "server.healthy", "body",
+                      "drain", "server.stop"]
     assert ray.shutdowns == 1 and not ray.up
     assert signal.getsignal(signal.SIGTERM) is handler  # restored
 
 
 def test_services_unsets_the_prefect_api_url_of_the_server_it_stopped(monkeypatch, tmp_path):
-    """ensure_prefect_api exports the URL of the server it starts; once that server is stopped the
+    """launch_prefect_api exports the URL of the server it starts; once that server is stopped the
     variable goes (a Prefect settings copy re-reads the environment and would point at a dead server);
     a URL the user gave stays."""
     import os
@@ -165,6 +170,9 @@ def test_services_unsets_the_prefect_api_url_of_the_server_it_stopped(monkeypatc
         def __init__(self, url, proc):
             self.url, self.home, self.proc = url, "/tmp/home", proc
 
+        def wait_healthy(self):
+            return self
+
         def stop(self):
             pass
 
@@ -174,13 +182,13 @@ def test_services_unsets_the_prefect_api_url_of_the_server_it_stopped(monkeypatc
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setattr(flows.services, "drain_prefect_services", lambda: None)
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", started)
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", started)
     with services(_cfg(tmp_path)):
         assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:2/api"
     assert "PREFECT_API_URL" not in os.environ
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:3/api")
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", lambda home: Server("http://127.0.0.1:3/api", None))
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", lambda home: Server("http://127.0.0.1:3/api", None))
     with services(_cfg(tmp_path)):
         pass
     assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:3/api"  # the user's server: not ours to forget
@@ -233,7 +241,7 @@ def test_a_prefect_api_that_does_not_answer_stops_nothing_else(fakes, tmp_path, 
     def unreachable(home):
         raise RuntimeError("PREFECT_API_URL=http://x is not reachable")
 
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", unreachable)
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", unreachable)
     with pytest.raises(RuntimeError, match="not reachable"), services(_cfg(tmp_path), ray=True):
         pass
     assert events == [] and ray.shutdowns == 0 and signal.getsignal(signal.SIGTERM) is handler
@@ -248,7 +256,7 @@ def test_train_resume_errors_have_the_error_prefix(tmp_path, capsys, monkeypatch
     def tripwire(*a, **k):
         raise AssertionError("a server was started before the arguments were checked")
 
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", tripwire)
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", tripwire)
     monkeypatch.setattr(flows.runtime, "ensure_ray", tripwire)
     assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
@@ -260,7 +268,7 @@ def test_train_resume_errors_have_the_error_prefix(tmp_path, capsys, monkeypatch
 
 def test_prefect_imported_before_the_server_starts_still_uses_the_run_server(tmp_path):
     """Prefect builds its settings when first imported; the CLI imports it (the signal set-up, the
-    flows) before ``ensure_prefect_api`` exports the URL of the server it starts. Flow runs must still
+    flows) before ``launch_prefect_api`` exports the URL of the server it starts. Flow runs must still
     go to that server, not to a server-less ephemeral API of their own (``$PREFECT_HOME/prefect.db``,
     an extra server inside the driver), and once ``services()`` ends Prefect forgets the URL again.
     A fresh interpreter: no test's settings context in the way."""
@@ -274,9 +282,10 @@ import flows.runtime, flows.services
 
 class Server:
     url, home = "http://127.0.0.1:9/api", "/nowhere"
+    def wait_healthy(self): return self
     def stop(self): pass
 
-flows.runtime.start_prefect_server = lambda home, **kw: Server()
+flows.runtime.launch_prefect_server = lambda home, **kw: Server()
 flows.services.drain_prefect_services = lambda: None
 with flows.services.services(None, prefect_home={str(tmp_path / "run-home")!r}) as s:
     print("inside", s.prefect_url, get_current_settings().api.url)

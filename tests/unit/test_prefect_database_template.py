@@ -91,3 +91,19 @@ def test_the_template_is_made_once_from_a_server_started_on_a_private_home(tmp_p
     assert len(started) == 2 and started[1] == "stopped"
     assert _tables(first) == {"migrated"}
     assert sorted(p.name for p in first.parent.iterdir()) == ["prefect.db"]  # the private home is gone
+
+
+def test_a_launched_server_that_exits_fails_the_wait_with_its_log(tmp_path):
+    """launch_prefect_server returns before the server is healthy (Ray starts meanwhile);
+    wait_healthy turns a server that exits into one RuntimeError with its log's tail."""
+    import subprocess
+    import sys
+
+    (tmp_path / "server.log").write_text("boot\nERROR: address already in use\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    server = runtime.PrefectServer("http://127.0.0.1:1/api", proc, str(tmp_path))
+    with pytest.raises(RuntimeError, match="did not become healthy(.|\n)*address already in use"):
+        server.wait_healthy(timeout_s=30)
+    assert proc.poll() == 3
+    theirs = runtime.PrefectServer("http://127.0.0.1:1/api", None, "")
+    assert theirs.wait_healthy(timeout_s=0) is theirs  # a server we did not start is taken as it is

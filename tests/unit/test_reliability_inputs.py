@@ -24,7 +24,7 @@ def no_servers(monkeypatch):
     def tripwire(*a, **k):
         raise AssertionError("a server was started before the input was checked")
 
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", tripwire)
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", tripwire)
     monkeypatch.setattr(flows.runtime, "ensure_ray", tripwire)
 
 

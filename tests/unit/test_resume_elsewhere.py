@@ -80,11 +80,11 @@ def test_a_prefect_home_given_at_start_is_recorded_absolute(tmp_path, monkeypatc
 
     monkeypatch.delenv(PREFECT_HOME_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", lambda home: PrefectServer("http://127.0.0.1:1/api", None, home))
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", lambda home: PrefectServer("http://127.0.0.1:1/api", None, home))
     with services(None, prefect_home="rel/home"):
         assert prefect_location() == {"prefect_home": str(tmp_path / "rel" / "home")}
     assert prefect_location() == {}  # gone with the server
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", lambda home: PrefectServer("http://x/api", None, ""))
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", lambda home: PrefectServer("http://x/api", None, ""))
     with services(None, prefect_home="unused"):  # the user's $PREFECT_API_URL: no home of ours to record
         assert prefect_location() == {}
 
@@ -111,7 +111,7 @@ def test_resume_uses_the_recorded_prefect_home_unless_one_is_given(tmp_path, mon
         homes.append(str(home))
         raise RuntimeError("stop before the server")
 
-    monkeypatch.setattr(flows.runtime, "ensure_prefect_api", stop_here)
+    monkeypatch.setattr(flows.runtime, "launch_prefect_api", stop_here)
     import signal
 
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
