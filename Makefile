@@ -38,14 +38,21 @@ $(RGYM): | $(STAMP)
 demo-reasoning-gym: $(STAMP) $(RGYM)
 	$(BIN)/hybridflow train -c examples/grpo_reasoning_gym.yaml
 
+# pytest-xdist workers for make test and make test-slow, a test file each at a time (--dist loadfile: a
+# file's module fixtures stay in one process). A tiny-model run keeps one core of two busy (start-up is
+# serial: imports, the Prefect server, Ray, the pools), so two files at once use the machine; PYTEST_WORKERS=0
+# runs them one by one in this process.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 # the suite that keeps under 30 minutes on a 2-core machine; the slow suites below run after it in CI (.ci/run)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=25 -m "not slow" tests --ignore=tests/cluster --ignore=tests/vllm --ignore=tests/chaos
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider $(XDIST) --durations=25 -m "not slow" tests --ignore=tests/cluster --ignore=tests/vllm --ignore=tests/chaos
 
 # slow: asynchronous training with killed workers and drivers resumed, reliability runs that kill real
 # processes, and the Prefect/MLflow servers a deployment runs on (tests marked `slow`, ~20 minutes).
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider --durations=10 -m slow tests --ignore=tests/cluster --ignore=tests/vllm --ignore=tests/chaos
+	$(BIN)/python -m pytest -q -rs -x -p no:cacheprovider $(XDIST) --durations=10 -m slow tests --ignore=tests/cluster --ignore=tests/vllm --ignore=tests/chaos
 
 # slow: a real multi-node Ray cluster (ray start processes on loopback) driven by `hybridflow train`,
 # Prefect's database on a PostgreSQL server the tests start (Debian's postgresql, installed if missing);

@@ -131,7 +131,11 @@ def fakes(monkeypatch):
     monkeypatch.setattr(flows.runtime, "ensure_ray", ensure_ray)
     monkeypatch.setattr(flows.runtime, "start_reaper", lambda: events.append("reaper"))
     monkeypatch.setattr(flows.services, "drain_prefect_services", lambda: events.append("drain"))
-    return events, ray
+    # the process's default handlers, whatever an earlier test in this process left installed
+    previous = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield events, ray
+    for s, handler in previous.items():
+        signal.signal(s, handler)
 
 
 def _cfg(tmp_path):

@@ -106,7 +106,7 @@ def test_prefect_server_is_started_on_localhost(tmp_path, monkeypatch):
 
     monkeypatch.setattr(R.subprocess, "Popen", FakeProc)
     monkeypatch.setattr(R, "api_healthy", lambda url, timeout_s=2.0: True)
-    server = R.start_prefect_server(tmp_path, port=4321)
+    server = R.start_prefect_server(tmp_path, port=4321, seed=False)
     assert server.url == "http://127.0.0.1:4321/api"
     args = seen["args"]
     assert args[args.index("--host") + 1] == "127.0.0.1"
