@@ -100,6 +100,7 @@ def _metrics(rows: Batch, groups: list[dict[str, Any]], version: int, waited_s: 
     lengths = mask.sum(-1).float()
     token_age = (version - vers)[mask].float()
     mixed = sum(1 for g in groups if len({v for row in g["versions"] for v in row}) > 1)
+    spans = partial_spans(vers, mask)
     busy = sum(s["busy_s"] for s in stats)
     idle = sum(s["idle_s"] for s in stats)
     started = min(g["started_at"] for g in groups)
@@ -122,7 +123,27 @@ def _metrics(rows: Batch, groups: list[dict[str, Any]], version: int, waited_s: 
         "stream/interrupted_rows": float(sum(s["interrupted_rows"] for s in stats)),
         "stream/prefill_tokens": float(sum(s["prefill_tokens"] for s in stats)),
         "stream/busy_fraction": busy / (busy + idle) if busy + idle > 0 else 0.0,
+        # verl fully-async's names: trajectories whose tokens span several weights versions, the widest span
+        "partial/partial_ratio": float((spans > 1).float().mean()) if spans.numel() else 0.0,
+        "partial/max_partial_span": float(spans.max()) if spans.numel() else 0.0,
+        "rollouter/idle_ratio": idle / (busy + idle) if busy + idle > 0 else 0.0,
     }
+
+
+def partial_spans(token_versions: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """How many weights versions each trajectory's tokens span: newest − oldest + 1 over its
+    response tokens (1: generated under one version; a partial rollout continued under newer
+    weights spans more; 0 for a row without response tokens).
+
+    token_versions: ``rollout_token_versions`` [B, R] int64; response_mask: [B, R] (0/1 or bool).
+    Returns [B] int64. verl's fully-async ``partial/max_partial_span`` is its maximum."""
+    mask = response_mask.bool()
+    if not mask.any():
+        return torch.zeros(token_versions.shape[0], dtype=torch.int64)
+    big = torch.iinfo(torch.int64).max
+    newest = token_versions.masked_fill(~mask, -1).max(-1).values
+    oldest = token_versions.masked_fill(~mask, big).min(-1).values
+    return torch.where(mask.any(-1), newest - oldest + 1, torch.zeros_like(newest))
 
 
 @node(name="rollout", retries=2, roles=("rollout",))

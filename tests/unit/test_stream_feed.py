@@ -260,3 +260,35 @@ def test_a_take_that_sees_no_progress_fails_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "STALL_S", 0.5)
     with pytest.raises(S.StreamStalled, match="generated nothing for 0 s with 4 group"):
         _take(tmp_path, monkeypatch, _Pool({}, stalled=True))
+
+
+def test_partial_spans_count_the_versions_each_trajectory_crossed():
+    from tasks.stream import partial_spans
+
+    versions = torch.tensor([[3, 3, 4, 6], [5, 5, 5, 0], [2, 9, 9, 9], [7, 7, 7, 7]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
+    # row 0: v3..v6 -> 4; row 1: v5 only (the pad's v0 is not a token) -> 1; row 2: no tokens -> 0; row 3: 1
+    assert partial_spans(versions, mask).tolist() == [4, 1, 0, 1]
+    assert partial_spans(versions, torch.zeros_like(mask)).tolist() == [0, 0, 0, 0]
+
+
+def test_the_take_reports_verls_partial_and_idle_metrics(tmp_path, monkeypatch):
+    """Groups generated under one version report no partial trajectory; when each group's first
+    trajectory crossed v4 -> v5, half the trajectories are partial, spanning 2 versions. The
+    scripted pool's busy 1 s / idle 1 s gives rollouter/idle_ratio 0.5."""
+    pool = _Pool({0: 5, 1: 5, 2: 5, 3: 5})
+    rows, _ = _take(tmp_path, monkeypatch, pool)
+    m = rows.meta["metrics"]
+    assert m["partial/partial_ratio"] == 0.0 and m["partial/max_partial_span"] == 1.0
+    assert m["rollouter/idle_ratio"] == 0.5
+
+    class Mixed(_Pool):
+        def stream_pop(self, gids):
+            out = super().stream_pop(gids)
+            for rec in out[0]:
+                rec["versions"] = [[4, 5], [5]]  # the first trajectory crossed v4 -> v5
+            return out
+
+    rows, _ = _take(tmp_path / "mixed", monkeypatch, Mixed({0: 5, 1: 5, 2: 5, 3: 5}))
+    m = rows.meta["metrics"]
+    assert m["partial/partial_ratio"] == 0.5 and m["partial/max_partial_span"] == 2.0
