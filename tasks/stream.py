@@ -32,11 +32,10 @@ from tasks.types import RolloutResult
 from tasks.weight_sync import weight_sync
 
 POLL_S = 0.2
-STALL_S = 600.0  # a take fails when the rollout pool generated no token and finished no group for this long
 
 
 class StreamStalled(RuntimeError):
-    """The rollout pool made no progress for STALL_S seconds while a take waited."""
+    """The rollout pool made no progress for ``trainer.stream_timeout_s`` seconds while a take waited."""
 
 
 class StreamShortError(RuntimeError):
@@ -198,9 +197,10 @@ def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_
         now_progress = (len(finished), sum(r["tokens"] for r in engine.stream_stats(reset=False)))
         if now_progress != progress:
             progress, last_progress = now_progress, time.monotonic()
-        elif time.monotonic() - last_progress > STALL_S:
+        elif time.monotonic() - last_progress > t.stream_timeout_s:
             raise StreamStalled(
-                f"iteration {run.iteration}: the rollout pool generated nothing for {STALL_S:.0f} s with "
+                f"iteration {run.iteration}: the rollout pool generated nothing for {t.stream_timeout_s:g} s "
+                f"(trainer.stream_timeout_s) with "
                 f"{len(live)} group(s) in flight and {len(taken)} of {count} taken (a hung engine, or weights "
                 f"v{policy_version} never reached it); the take is retried, then the run stops resumable")
         if t.stream_order == "submission":
@@ -281,4 +281,4 @@ def _zero_variance(run: RunContext, groups: list[dict[str, Any]], prompts: dict[
 
 take_groups = driver_rollout_task(_take_groups, "take_groups")  # (wanted, spare, count, policy_version) -> RolloutResult, on the rollout pool
 
-__all__ = ["take_groups", "assemble", "StreamShortError", "StreamStalled", "STALL_S"]
+__all__ = ["take_groups", "assemble", "StreamShortError", "StreamStalled"]

@@ -57,6 +57,11 @@ class TrainerConfig(_Section):
         "generated on a fixed schedule of weight versions (reproducible for a seed when no fault occurs; waits "
         "more).",
     )
+    stream_timeout_s: float = Field(
+        600.0, gt=0, description="async_mode=stream: an iteration's take fails in one line when the rollout pool "
+        "generated no token and finished no group for this many seconds (a dead or hung engine, weights that "
+        "never arrived); Prefect retries the take, then the run stops resumable (verl's trainer starvation).",
+    )
     weight_sync: Literal["auto", "object_store", "collective"] = Field(
         "auto", description="How the trainer's weights reach a separate rollout pool after each update: "
         "'object_store' = CPU tensors through Ray's object store; 'collective' = a torch.distributed broadcast "

@@ -257,9 +257,8 @@ def test_the_take_drops_a_stale_group_and_starts_a_spare(tmp_path, monkeypatch):
 def test_a_take_that_sees_no_progress_fails_in_one_line(tmp_path, monkeypatch):
     import tasks.stream as S
 
-    monkeypatch.setattr(S, "STALL_S", 0.5)
-    with pytest.raises(S.StreamStalled, match="generated nothing for 0 s with 4 group"):
-        _take(tmp_path, monkeypatch, _Pool({}, stalled=True))
+    with pytest.raises(S.StreamStalled, match=r"generated nothing for 0.5 s \(trainer.stream_timeout_s\) with 4 group"):
+        _take(tmp_path, monkeypatch, _Pool({}, stalled=True), "trainer.stream_timeout_s=0.5")
 
 
 def test_partial_spans_count_the_versions_each_trajectory_crossed():
