@@ -89,7 +89,7 @@ class HybridflowRunner:
     def start(self) -> HybridflowRunner:
         from flows.run_pools import open_pools
         from flows.run_state import open_run
-        from flows.runtime import ensure_prefect_api
+        from flows.runtime import launch_prefect_api
         from hybridflow.config import load_config
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -101,7 +101,7 @@ class HybridflowRunner:
         import ray
 
         self._owns_ray = not ray.is_initialized()  # a test session's Ray stays up after stop()
-        self.server = ensure_prefect_api(d / "prefect")
+        self.server = launch_prefect_api(d / "prefect").wait_healthy()
         self._client = ExitStack()  # closed by stop()
         try:
             from prefect.context import SyncClientContext
