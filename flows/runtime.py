@@ -120,7 +120,14 @@ def seed_prefect_database(home: str | Path) -> bool:
         print(f"note: no Prefect database template ({e}); the server migrates a new database", file=sys.stderr)
         return False
     staged = db.with_name(".prefect.db.seeding")
-    _copy_database(template, staged)
+    try:
+        _copy_database(template, staged)
+    except sqlite3.DatabaseError as e:  # a damaged template: dropped (made again next time); this server migrates
+        staged.unlink(missing_ok=True)
+        template.unlink(missing_ok=True)
+        print(f"note: the Prefect database template {template} is unreadable ({e}); removed, the server "
+              "migrates a new database", file=sys.stderr)
+        return False
     os.replace(staged, db)
     return True
 

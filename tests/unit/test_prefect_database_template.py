@@ -107,3 +107,13 @@ def test_a_launched_server_that_exits_fails_the_wait_with_its_log(tmp_path):
     assert proc.poll() == 3
     theirs = runtime.PrefectServer("http://127.0.0.1:1/api", None, "")
     assert theirs.wait_healthy(timeout_s=0) is theirs  # a server we did not start is taken as it is
+
+
+def test_a_damaged_template_is_dropped_and_the_server_migrates(tmp_path, cache, capsys):
+    cache.write_bytes(b"not a database, or one cut short by a full disk" * 100)
+    home = tmp_path / "home"
+    home.mkdir()
+    assert runtime.seed_prefect_database(home) is False
+    assert not (home / "prefect.db").exists() and list(home.iterdir()) == []
+    assert not cache.exists()  # made again by the next run that needs it
+    assert "is unreadable" in capsys.readouterr().err
