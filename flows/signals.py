@@ -176,12 +176,12 @@ def install(*, prefect: bool = False) -> dict[int, Any] | None:
     Prefect flow runs of this process (imports Prefect: pass it once the command is about to run a
     flow, so a bad config is still reported fast). Returns the previous handlers by signal number
     (None off the main thread, where handlers cannot be set)."""
+    global _previous_unraisablehook
     if threading.current_thread() is not threading.main_thread():
         return None
     if prefect:
         _keep_ours_in_flow_runs()
     if sys.unraisablehook is not _unraisable:
-        global _previous_unraisablehook
         _previous_unraisablehook = sys.unraisablehook
         sys.unraisablehook = _unraisable
     return {s: signal.signal(s, _handle) for s in REASONS}

@@ -137,8 +137,6 @@ def partial_spans(token_versions: torch.Tensor, response_mask: torch.Tensor) -> 
     token_versions: ``rollout_token_versions`` [B, R] int64; response_mask: [B, R] (0/1 or bool).
     Returns [B] int64. verl's fully-async ``partial/max_partial_span`` is its maximum."""
     mask = response_mask.bool()
-    if not mask.any():
-        return torch.zeros(token_versions.shape[0], dtype=torch.int64)
     big = torch.iinfo(torch.int64).max
     newest = token_versions.masked_fill(~mask, -1).max(-1).values
     oldest = token_versions.masked_fill(~mask, big).min(-1).values
