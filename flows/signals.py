@@ -140,24 +140,52 @@ def _handle(signum: int, frame: Any) -> None:
         exit_now(_received)
     if _received is None:
         _received = StopSignal(signum, REASONS.get(signum, signal.Signals(signum).name.lower()))
-        _quiet_prefect_crash_lines()
+        _quiet_stop_noise()
         _watchdog(_received, GRACE_S)
     _deferred = False
     raise Stopped(_received)
 
 
-class _NoCrashLines(logging.Filter):
-    """After a stop signal, Prefect's ``Crash detected!`` ERROR lines describe our own stop."""
+def _caused_by_stop(error: BaseException | None) -> bool:
+    """Whether ``error`` is a :class:`Stopped` or was raised while one was being handled."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Stopped):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+class _StopNoise(logging.Filter):
+    """After a stop signal, a log record that only describes our own stop is dropped: Prefect's
+    ``Crash detected!`` lines, and any record whose exception is, or was raised while handling, a
+    :class:`Stopped` (SQLAlchemy's ``Error closing cursor`` when the stop lands inside a SQLite
+    fetch of MLflow's or Prefect's store; a library's ``logger.exception`` on the way out)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return _received is None or not str(record.msg).startswith("Crash detected!")
+        if _received is None:
+            return True
+        if str(record.msg).startswith("Crash detected!"):
+            return False
+        return not (record.exc_info and _caused_by_stop(record.exc_info[1]))
 
 
-def _quiet_prefect_crash_lines() -> None:
+def _quiet_stop_noise() -> None:
+    """Put :class:`_StopNoise` on Prefect's run loggers and on every handler configured now (a
+    record logged by a library's own logger reaches the handlers of its ancestors, past their
+    loggers' filters)."""
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _NoCrashLines) for f in logger.filters):
-            logger.addFilter(_NoCrashLines())
+        if not any(isinstance(f, _StopNoise) for f in logger.filters):
+            logger.addFilter(_StopNoise())
+    loggers = [logging.getLogger()] + [
+        logger for logger in list(logging.Logger.manager.loggerDict.values()) if isinstance(logger, logging.Logger)
+    ]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if not any(isinstance(f, _StopNoise) for f in handler.filters):
+                handler.addFilter(_StopNoise())
 
 
 def _keep_ours_in_flow_runs() -> None:

@@ -4,6 +4,7 @@ train flow under SIGTERM: tests/integration/test_signals_train.py."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -241,3 +242,40 @@ finally:
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "True", proc.stdout + proc.stderr[-2000:]
+
+
+def test_a_library_logging_its_own_error_about_our_stop_prints_nothing(monkeypatch):
+    """CI saw it: the SIGTERM landed inside a SQLite fetch of the driver's store, and SQLAlchemy,
+    closing the cursor on the way out, logged ``Error closing cursor`` with a traceback whose
+    context is our Stopped (``_safe_close_cursor``). A record whose exception is, or was raised
+    while handling, the stop describes our own stop and is dropped, whichever logger and handler it
+    goes through; an error that has nothing to do with the stop still prints, with its traceback."""
+    import io
+
+    def store_fetch():  # the shape of SQLAlchemy's fetch-then-close-the-cursor on an exit exception
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands inside the fetch
+            for _ in range(100000):
+                pass
+        except BaseException:
+            try:
+                raise RuntimeError("Cannot operate on a closed database.")
+            except RuntimeError:
+                logging.getLogger("sqlalchemy.pool.impl.QueuePool").error("Error closing cursor", exc_info=True)
+            raise
+
+    monkeypatch.setattr(signals, "GRACE_S", 60.0)
+    printed = io.StringIO()
+    handler = logging.StreamHandler(printed)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    signals.install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store_fetch()
+        logging.getLogger("some.library").error("unrelated failure", exc_info=ValueError("not ours"))
+    finally:
+        root.removeHandler(handler)
+    text = printed.getvalue()
+    assert "Error closing cursor" not in text and "Stopped" not in text, text
+    assert "unrelated failure" in text and "ValueError: not ours" in text, text
