@@ -14,7 +14,10 @@ one untimed round. Reported per setting: median / min / max wall seconds until e
 finished, engine calls, prompt + prefix tokens prefilled (each chunk after the first prefills the
 prompt and the prefix again: the cost of aborting and resubmitting), tokens generated, and the
 ratio of wall seconds to "whole". Weights never change here, so the extra time is the re-prefill
-alone; in a training run a chunk boundary is also where newer weights may land.
+alone; in a training run a chunk boundary is also where newer weights may land. Each chunk size
+also runs "interruptible" (what the training's rollout worker does on the hf engine, capability
+``partial_rollout_interrupt``): one call per response, asked at every chunk boundary whether newer
+weights arrived (here never), so it should cost what "whole" costs.
 Writes bench/results/stream_chunks.json and the ``stream_chunks`` table of docs/benchmarks.md.
 """
 
@@ -33,8 +36,9 @@ from bench import common  # noqa: E402
 
 
 def run_once(engine: Any, tok: Any, prompts: list[list[int]], samples: int, tokens: int, chunk: int,
-             seed: int) -> dict[str, float]:
-    """Generate every prompt's group with chunks of ``chunk`` tokens; the wall seconds and the streamer's counters."""
+             seed: int, interruptible: bool = False) -> dict[str, float]:
+    """Generate every prompt's group with chunks of ``chunk`` tokens (``interruptible``: calls cut
+    only where newer weights arrive, never here); the wall seconds and the streamer's counters."""
     from hybridflow.models import tokenizer_stop_ids
     from workers.group_stream import GroupStreamer
     from workers.rollout.base import SamplingParams
@@ -44,7 +48,7 @@ def run_once(engine: Any, tok: Any, prompts: list[list[int]], samples: int, toke
     st = GroupStreamer(engine, sampling, pad_id=int(tok.pad_token_id), chunk_tokens=chunk,
                        batch_rows=len(prompts) * samples, order="completion", group_size_iter=len(prompts),
                        max_staleness=1, load_newest=lambda: 0, load_version=lambda v: True, version=lambda: 0,
-                       lock=threading.Lock())
+                       lock=threading.Lock(), newer_weights=(lambda: False) if interruptible else None)
     t0 = time.perf_counter()
     st.start()
     try:
@@ -65,22 +69,24 @@ def measure(model_path: str, groups: int, samples: int, tokens: int, chunks: lis
     ids, mask = common.prompt_batch(tok, groups, seed=0)
     prompts = [ids[i][mask[i]].tolist() for i in range(groups)]
     engine = HFRolloutEngine(model, tok, generation_batch_trajectories=groups * samples)
-    settings = {f"chunk {c}": c for c in chunks if c < tokens}
-    settings["whole"] = tokens
+    settings = {f"chunk {c}": (c, False) for c in chunks if c < tokens}
+    settings.update({f"chunk {c}, interruptible": (c, True) for c in chunks if c < tokens})
+    settings["whole"] = (tokens, False)
     rounds = {"n": 0}
 
-    def side(chunk: int):
+    def side(chunk: int, interruptible: bool):
         def run() -> dict[str, float]:
             rounds["n"] += 1
-            return run_once(engine, tok, prompts, samples, tokens, chunk, seed=1000 + rounds["n"] // len(settings))
+            return run_once(engine, tok, prompts, samples, tokens, chunk, seed=1000 + rounds["n"] // len(settings),
+                            interruptible=interruptible)
         return run
 
-    out = common.alternate({name: side(c) for name, c in settings.items()}, repeats)
+    out = common.alternate({name: side(*c) for name, c in settings.items()}, repeats)
     whole = common.stats([r["wall_s"] for r in out["whole"]])["median"]
     rows = {}
     for name, runs in out.items():
         wall = common.stats([r["wall_s"] for r in runs])
-        rows[name] = {"chunk_tokens": settings[name], "wall_s": wall,
+        rows[name] = {"chunk_tokens": settings[name][0], "interruptible": settings[name][1], "wall_s": wall,
                       "calls": common.stats([r["calls"] for r in runs])["median"],
                       "prefill_tokens": common.stats([r["prefill_tokens"] for r in runs])["median"],
                       "tokens": common.stats([r["tokens"] for r in runs])["median"],

@@ -254,6 +254,7 @@ def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, r
     cfg, it = state.cfg, run.iteration
     t0 = time.perf_counter()
     taken = feed.take(it)
+    took = time.perf_counter() - t0
     if taken is None:
         get_run_logger().info("data exhausted after %d epochs", cfg.trainer.total_epochs)
         return None
@@ -265,7 +266,9 @@ def _run_iteration(state: RunSession, iteration_flow: Any, iteration_key: str, r
         out = call_iteration(iteration_flow, run, flow_input_values(cfg, taken.first, state.trainer))
         out.metrics.update(taken.metrics)
         feed.settle(taken, out, (phase_start, time.time()), time.perf_counter() - t0)
-    out.metrics["timing_s/iteration_wall"] = time.perf_counter() - t0
+    out.metrics["timing_s/iteration_wall"] = wall = time.perf_counter() - t0
+    if cfg.async_mode != "off" and wall > 0:  # verl fully-async's name: the trainer waiting for samples
+        out.metrics["trainer/idle_ratio"] = took / wall
     try:
         _check_update(cfg, state.trainer, out, it)
         rewards.check(out, it)

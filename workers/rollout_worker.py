@@ -157,7 +157,7 @@ class RolloutWorker(Generation, WeightsEndpoint):
                 order=cfg.trainer.stream_order,
                 group_size_iter=cfg.data.prompts_per_iteration, max_staleness=cfg.trainer.max_staleness,
                 load_newest=self._load_newest, load_version=self._load_exact, version=lambda: self.weights_version,
-                lock=self._lock)
+                lock=self._lock, newer_weights=self._newer_weights)
         self._stream.start()
         return self._stream
 
@@ -166,6 +166,12 @@ class RolloutWorker(Generation, WeightsEndpoint):
         response (weights change only between groups)."""
         r = self.cfg.rollout
         return r.max_response_tokens if r.partial == "off" else r.partial_chunk_tokens
+
+    def _newer_weights(self) -> bool:
+        """Whether the inbox holds weights newer than those loaded (asked during a streamer's engine
+        call, without the generation lock)."""
+        with self._inbox_lock:
+            return max(self._inbox, default=-1) > self.weights_version
 
     def _load_newest(self) -> int:
         """Load the newest weights in the inbox if newer than those loaded (the streamer holds the

@@ -126,6 +126,15 @@ def test_completion_order_run_trains_and_a_killed_driver_resumes_exactly_once(ar
     hist = _history(run_dir)
     assert all("rollout_corr/stale_token_fraction" in hist[it] for it in hist)
     assert all(hist[it]["rollout/staleness/max"] <= 1 for it in hist)
+    assert all(0.0 <= hist[it]["trainer/idle_ratio"] <= 1.0 for it in hist)
+    # the hf engine decodes a response in one call until newer weights arrive, interrupted only at a
+    # chunk boundary (rollout.partial_chunk_tokens=3): a row's version changes at multiples of 3
+    for it in range(1, ITERATIONS + 1):
+        rows = _rollout(run_dir, it)
+        vers, mask = rows["rollout_token_versions"], rows["response_mask"]
+        for r in range(len(rows)):
+            v = vers[r][mask[r]].tolist()
+            assert v == sorted(v) and all(i % 3 == 0 for i in range(1, len(v)) if v[i] != v[i - 1]), (it, r, v)
 
 
 def _fresh_token_gap(run_dir: Path, it: int, version: int) -> tuple[float, float]:

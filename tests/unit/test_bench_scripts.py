@@ -278,8 +278,12 @@ def test_stream_chunks_smoke(tmp_path):
                                "3,6,12", "--repeats", "1", "--out", str(out), "--no-docs"]) == 0
     res = json.loads(out.read_text())
     s = res["settings"]
-    assert list(s) == ["chunk 3", "chunk 6", "whole"]  # 12 is the whole response: not a partial setting
+    # 12 is the whole response: not a partial setting
+    assert list(s) == ["chunk 3", "chunk 6", "chunk 3, interruptible", "chunk 6, interruptible", "whole"]
     assert s["whole"]["calls"] == 1 and s["whole"]["wall_ratio_to_whole"] == 1.0
     assert s["chunk 3"]["calls"] >= s["chunk 6"]["calls"] >= 1
     assert s["chunk 3"]["prefill_tokens"] > s["whole"]["prefill_tokens"]
+    for c in (3, 6):  # no newer weights ever arrive: one call, the prompts prefilled once, as whole
+        assert s[f"chunk {c}, interruptible"]["calls"] == 1
+        assert s[f"chunk {c}, interruptible"]["prefill_tokens"] == s["whole"]["prefill_tokens"]
     assert "÷ whole" in stream_chunks.render(res)

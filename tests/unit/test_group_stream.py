@@ -64,12 +64,12 @@ class Inbox:
 
 
 def streamer(order: str, inbox: Inbox, *, chunk: int = 4, max_new: int = 12, n: int = 3, G: int = 2,
-             s: int = 1) -> GroupStreamer:
-    engine = HFRolloutEngine(inbox.model, TOK, generation_batch_trajectories=64)
+             s: int = 1, newer_weights=None, **engine_kw) -> GroupStreamer:
+    engine = HFRolloutEngine(inbox.model, TOK, generation_batch_trajectories=64, **engine_kw)
     sampling = SamplingParams(max_new_tokens=max_new, stop_token_ids=STOPS, n=n, seed=0)
     return GroupStreamer(engine, sampling, pad_id=TOK.pad_token_id, chunk_tokens=chunk, batch_rows=64, order=order,
                          group_size_iter=G, max_staleness=s, load_newest=inbox.newest, load_version=inbox.exact,
-                         version=lambda: inbox.loaded, lock=inbox.lock)
+                         version=lambda: inbox.loaded, lock=inbox.lock, newer_weights=newer_weights)
 
 
 def groups(k: int) -> list[dict]:
@@ -249,3 +249,92 @@ def test_a_failing_engine_stops_the_streamer_and_the_next_call_says_why():
         assert [d["gid"] for d in wait_finished(st, 1)] == [0]
     finally:
         st.stop()
+
+
+@pytest.mark.parametrize("engine_kw", [{}, {"drop_finished_rows": False}], ids=["fused", "transformers-generate"])
+def test_an_interruptible_engine_decodes_each_response_on_one_kv_cache_while_the_weights_stay(engine_kw):
+    """Completion order on the hf engine (``partial_rollout_interrupt``): with no newer weights, a
+    group's rows come from one engine call, nothing is prefilled but the prompt, and the tokens and
+    log-probs are those of one uninterrupted response."""
+    inbox = Inbox(build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=0).eval())
+    asked = []
+
+    def newer():
+        asked.append(1)
+        return max(inbox.published) > inbox.loaded
+
+    st = streamer("completion", inbox, chunk=2, max_new=12, newer_weights=newer, **engine_kw)
+    assert st.elastic
+    st.start()
+    try:
+        st.sync(groups(4))
+        wait_finished(st, 4)
+        recs = st.pop([0, 1, 2, 3])
+    finally:
+        st.stop()
+    prompts = sum(len(g["prompt"]) for g in groups(4))
+    assert st.stats["prefill_tokens"] == prompts  # each prompt once, no prefix re-prefilled
+    assert st.stats["calls"] == 1 and st.stats["chunks"] == 12  # 4 groups × 3 rows in one call
+    assert asked  # it did look for newer weights at the chunk boundaries
+    longest = 0
+    for rec, g in zip(recs, groups(4), strict=True):
+        for tokens, lps, vers, finish in zip(rec["tokens"], rec["log_probs"], rec["versions"], rec["finish"],
+                                             strict=True):
+            assert set(vers) == {0} and finish == ("stop" if tokens[-1] in STOPS else "length")
+            assert finish == "stop" or len(tokens) == 12
+            longest = max(longest, len(tokens))
+            assert torch.allclose(torch.tensor(lps), teacher_forced(W0, g["prompt"], tokens), atol=1e-4)
+    assert longest > 2  # responses ran past the first chunk boundary in that one call
+
+
+def test_an_interruptible_engine_stops_at_the_chunk_boundary_where_newer_weights_arrived():
+    """v1 is published while the first call decodes (at its first chunk boundary): the call ends
+    there, unfinished rows continue under v1 as a prefix, each token keeps its version and log-prob;
+    a row never passes max_new_tokens though the continuing call runs to the largest room."""
+    inbox = Inbox(build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=0).eval())
+    boundaries = []
+
+    def newer():
+        boundaries.append(inbox.loaded)
+        if 1 not in inbox.published:
+            inbox.publish(1, W1)  # arrives during the first call
+        return max(inbox.published) > inbox.loaded
+
+    st = streamer("completion", inbox, chunk=3, max_new=12, newer_weights=newer)
+    st.start()
+    try:
+        st.sync(groups(3))
+        wait_finished(st, 3)
+        recs = st.pop([0, 1, 2])
+    finally:
+        st.stop()
+    assert inbox.loads == [1] and st.stats["weight_loads"] == 1 and st.stats["interrupted_rows"] > 0
+    assert st.stats["calls"] == 2  # the interrupted call, then one call continuing every unfinished row
+    mixed = 0
+    for rec, g in zip(recs, groups(3), strict=True):
+        for tokens, lps, vers in zip(rec["tokens"], rec["log_probs"], rec["versions"], strict=True):
+            k = vers.count(0)
+            assert vers == [0] * k + [1] * (len(vers) - k) and 1 <= k <= 3 and len(tokens) <= 12
+            got = torch.tensor(lps)
+            assert torch.allclose(got[:k], teacher_forced(W0, g["prompt"], tokens)[:k], atol=1e-4)
+            assert torch.allclose(got[k:], teacher_forced(W1, g["prompt"], tokens)[k:], atol=1e-4)
+            if len(vers) > k:
+                mixed += 1
+                assert k == 3  # cut exactly at the first chunk boundary
+    assert mixed > 0
+
+
+@pytest.mark.parametrize("engine_kw", [{}, {"drop_finished_rows": False}], ids=["fused", "transformers-generate"])
+def test_hf_generate_interrupted_keeps_the_prefix_of_the_uninterrupted_response(engine_kw):
+    model = build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=0).eval()
+    engine = HFRolloutEngine(model, TOK, generation_batch_trajectories=64, **engine_kw)
+    enc = TOK(["hello there", "q"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+    sampling = SamplingParams(max_new_tokens=10, stop_token_ids=(), n=2, seed=3)
+    whole = engine.generate(ids, mask, sampling)
+    seen = []
+    cut = engine.generate(ids, mask, sampling, interrupt=lambda k: seen.append(k) or k == 4)
+    assert seen[:4] == [1, 2, 3, 4] and whole.response_ids.shape[1] == 10
+    assert cut.response_ids.shape[1] == 4 and bool(cut.response_mask.all())
+    assert torch.equal(cut.response_ids, whole.response_ids[:, :4])
+    assert torch.allclose(cut.rollout_log_probs, whole.rollout_log_probs[:, :4], atol=1e-5)

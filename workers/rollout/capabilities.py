@@ -31,8 +31,10 @@ class EngineCapabilities:
       or None when ``rollout.compile`` is off), whose compile counts become iteration metrics.
     fused_decode: has ``fused_decode_reason`` (None when its last single-turn call decoded fused,
       else why not), reported as the metric ``rollout/fused_decode``.
-    partial_rollout_interrupt: ``generate`` can be stopped mid-way and return the trajectories
-      so far (partial rollouts); no engine does yet.
+    partial_rollout_interrupt: ``generate`` takes ``interrupt=`` (``(new tokens so far) -> bool``,
+      asked after each decode step) and, when it says True, returns the trajectories so far, the
+      unfinished ones shorter than ``max_new_tokens`` (hf). The streaming rollout then decodes each
+      response in one call until newer weights arrive; without it, one call per chunk.
     weight_sync: how the trainer's weights can reach the engine, one or more of
       "shared_module" (it generates on the module object ``from_config`` got as ``model``: the
       workers' inference module, so nothing is sent), "full_state_dict" (``load_weights`` of plain

@@ -89,6 +89,7 @@ def decode(
     model: nn.Module, ids: Tensor, mask: Tensor, sampling, uniforms: Tensor | None, pad_token_id: int, *,
     prefix_cache: dict[str, object] | None = None, on_finished: Callable[[int], None] | None = None,
     step: CompiledDecodeStep | None = None, steps: DecodeSteps | None = None,
+    interrupt: Callable[[int], bool] | None = None,
 ) -> DecodeResult:
     """Generate up to ``sampling.max_new_tokens`` tokens for each of N left-padded rows.
 
@@ -102,7 +103,11 @@ def decode(
     ``rollout.compile``); ``model`` must then be ``step.model``. steps: the decode steps to run,
     already holding the KV cache of the first L-1 columns of the N rows (a
     :class:`workers.rollout.fused_decode.FusedDecoder` after its ``prefill``); by default
-    :class:`ModelSteps`, the model's own forward after :func:`prefill`.
+    :class:`ModelSteps`, the model's own forward after :func:`prefill`. interrupt(k) is called after
+    the k-th decode step (k ≥ 1) while rows are still unfinished; True ends the call there: every
+    row keeps the k tokens it has (an unfinished row ends without a stop token, shorter than
+    ``max_new_tokens``), and its caller may continue it later as a prefix (the streaming rollout,
+    :mod:`workers.group_stream`, ends a call so when newer weights arrive).
     """
     if not bool(mask[:, -1].all()):
         raise ValueError("decode: every prompt row must end in a real token (left padding)")
@@ -110,7 +115,7 @@ def decode(
         if step.model is not model:
             raise ValueError("decode: step was compiled for another model")
         return decode_static(step, ids, mask, sampling, uniforms, pad_token_id, prefix_cache=prefix_cache,
-                             on_finished=on_finished)  # fmt: skip
+                             on_finished=on_finished, interrupt=interrupt)  # fmt: skip
     n_rows = ids.shape[0]
     stops = torch.as_tensor(list(sampling.stop_token_ids), dtype=torch.int64, device=ids.device)
     positions = position_ids_from_mask(mask)
@@ -128,6 +133,8 @@ def decode(
             done_steps = t + 1
             token, done = take_step(logits, sampling, uniforms, alive, t, stops, tokens, log_probs)
             if t + 1 == sampling.max_new_tokens or bool(done.all()):
+                break
+            if interrupt is not None and interrupt(t + 1):
                 break
             if bool(done.any()):
                 stay = (~done).nonzero().squeeze(1)

@@ -25,13 +25,13 @@ so left padding does not change a sequence's tokens or log-probs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from hybridflow.algorithms.sequences import position_ids_from_mask
 from workers.progress import Tick
@@ -76,7 +76,7 @@ class HFRolloutEngine:
     :class:`workers.rollout.fused_decode.FusedDecoder` (prepared once per call, instead of packing
     the linears; ``rollout.fused_decode``); ``fused_decode_reason`` is None when the last call ran
     fused, else why it did not. ``capabilities``: continuing KV (:meth:`generate_continuing`),
-    progress, compiled step, fused decode; it generates on the module it was built with (the
+    progress, compiled step, fused decode, partial-rollout interrupt (``generate(interrupt=)``); it generates on the module it was built with (the
     workers' inference module: "shared_module"), a peft one included (LoRA), and ``load_weights``
     copies a full state dict. dtype: what it generates in (``rollout.dtype``; None = the model's
     weights'): bfloat16 against a float32 model decodes fused in bfloat16 (weights, KV cache), else on
@@ -84,7 +84,7 @@ class HFRolloutEngine:
     """
 
     capabilities = EngineCapabilities(
-        continuing_kv=True, progress=True, compiled_step=True, fused_decode=True,
+        continuing_kv=True, progress=True, compiled_step=True, fused_decode=True, partial_rollout_interrupt=True,
         weight_sync=frozenset({"shared_module", "full_state_dict"}), lora=True,
     )  # fmt: skip
 
@@ -131,10 +131,15 @@ class HFRolloutEngine:
         return next(self.model.parameters()).device
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams,
-                 progress: Tick | None = None) -> RolloutOutput:
+                 progress: Tick | None = None, interrupt: Callable[[int], bool] | None = None) -> RolloutOutput:
         """B left-padded prompts → B*n trajectories (prompt-major). See RolloutOutput for shapes.
         progress: called with (trajectories finished, B*n) as rows stop (:class:`FinishedRows`)
-        and after each chunk of ``generation_batch_trajectories`` rows."""
+        and after each chunk of ``generation_batch_trajectories`` rows. interrupt(k): asked after
+        the k-th new token of each chunk of rows while some are unfinished; True ends that chunk
+        there, its unfinished rows keeping the k tokens they have (no stop token, finish_reason
+        "length" though shorter than ``max_new_tokens``: the caller, which asked, knows). The
+        capability ``partial_rollout_interrupt``; the streaming rollout (:mod:`workers.group_stream`)
+        uses it to keep decoding on one KV cache until newer weights arrive."""
         if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
             raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)}")
         empty = (~prompt_mask.bool().any(1)).nonzero().flatten().tolist() if prompt_ids.shape[1] else list(range(len(prompt_ids)))
@@ -155,7 +160,8 @@ class HFRolloutEngine:
                 chunk = row_prompt[start : start + self.generation_batch_trajectories]
                 chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
                 counter = None if progress is None else FinishedRows(sampling.stop_token_ids, progress, start, rows)
-                outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u, counter))
+                outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u, counter,
+                                                    interrupt))  # fmt: skip
                 if progress is not None:
                     progress(start + len(chunk), rows)
         return RolloutOutput(
@@ -168,6 +174,7 @@ class HFRolloutEngine:
     def _generate_chunk(
         self, prompt_ids: Tensor, prompt_mask: Tensor, row_prompt: Tensor, sampling: SamplingParams,
         uniforms: Tensor | None, counter: FinishedRows | None = None,
+        interrupt: Callable[[int], bool] | None = None,
     ) -> RolloutOutput:
         """Trajectories ``row_prompt`` (prompt index per row) in one ``generate`` call."""
         unique, inverse = torch.unique_consecutive(row_prompt, return_inverse=True)
@@ -188,7 +195,7 @@ class HFRolloutEngine:
                 res = decode(self.model, ids[inverse], mask[inverse], sampling,
                              None if uniforms is None else uniforms.to(self.device), self.pad_token_id,
                              prefix_cache=extra, on_finished=on_finished, step=self.compiled_step,
-                             steps=steps)  # fmt: skip
+                             steps=steps, interrupt=interrupt)  # fmt: skip
             self._count_decode(res.row_steps, res.useful_row_steps)
             return finalize_responses(res.response_ids.cpu(), res.log_probs.cpu(), sampling.stop_token_ids,
                                       self.pad_token_id)  # fmt: skip
@@ -208,7 +215,8 @@ class HFRolloutEngine:
                 attention_mask=mask[inverse].long(),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([sampler]),
-                stopping_criteria=StoppingCriteriaList([counter] if counter is not None else []),
+                stopping_criteria=StoppingCriteriaList(
+                    ([counter] if counter is not None else []) + ([Interrupt(interrupt, prompt_len)] if interrupt else [])),
                 **extra,
             )
         response = seqs[:, prompt_len:].cpu()
@@ -376,6 +384,18 @@ class HFRolloutEngine:
 
     def wake_up(self) -> None:
         """No-op (see :meth:`sleep`)."""
+
+
+class Interrupt(StoppingCriteria):
+    """transformers' ``generate`` path of :meth:`HFRolloutEngine.generate`'s ``interrupt``: every
+    row stops once ``interrupt(new tokens so far)`` says so."""
+
+    def __init__(self, interrupt: Callable[[int], bool], prompt_len: int) -> None:
+        self.interrupt, self.prompt_len = interrupt, prompt_len
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
+        stop = bool(self.interrupt(input_ids.shape[1] - self.prompt_len))
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
 def _weights_by_name(model: nn.Module) -> dict[str, Tensor]:
