@@ -95,9 +95,14 @@ class RolloutsAhead:
 
     # ---- the schedule ----
     def fill(self, iteration: int) -> None:
-        """Submit the rollouts of ``iteration`` … ``iteration + max_staleness`` not yet in flight,
-        with the trainer's current policy version (until the data or total_iterations runs out)."""
-        last = min(iteration + self.bound, self.trainer_cfg.total_iterations)
+        """Submit the rollouts of ``iteration`` … ``iteration + max_staleness − lag`` not yet in
+        flight, with the newest policy version published to the rollout pool (until the data or
+        total_iterations runs out). ``lag``: how many versions that one is behind the trainer's
+        (``trainer.updates_per_sync`` > 1; 0 otherwise), so no rollout can be older than the bound
+        when its iteration trains."""
+        version = self.trainer.rollout_weights_version
+        lag = self.trainer.policy_version - version
+        last = min(iteration + max(0, self.bound - lag), self.trainer_cfg.total_iterations)
         for j in range(iteration, last + 1):
             if j in self.ahead or self.exhausted:
                 continue
@@ -105,7 +110,6 @@ class RolloutsAhead:
             if prompts is None:
                 self.exhausted = True
                 return
-            version = self.trainer.policy_version
             before = [e.future for _, e in sorted(self.ahead.items()) if e.future is not None and e.result is None]
             # in iteration order: the rollout pool serves one at a time, and the next needs this one first
             self.ahead[j] = _Ahead(prompts, version, time.time(), self.submit(j, prompts, version, j, before[-1:]))

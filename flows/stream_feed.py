@@ -103,7 +103,8 @@ class GroupStream:
             return None
         version = self.trainer.policy_version
         spare = self._spares(iteration)
-        result = NodeResult.of(self._take(iteration, list(self.inflight), spare, self.per_iteration, version).result())
+        result = NodeResult.of(self._take(iteration, list(self.inflight), spare, self.per_iteration, version,
+                                          self.trainer.rollout_weights_version).result())
         if not isinstance(result, RolloutResult):
             raise TypeError(f"the take_groups task returned {type(result).__name__}, not a RolloutResult")
         started = set(result.started)

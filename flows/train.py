@@ -185,7 +185,10 @@ def _check_update(cfg: ExperimentConfig, trainer: TrainerState, out: IterationRe
     from tasks.types import UpdateResult
     from tasks.versions import record_updates
 
+    published = trainer.rollout_weights_version
     record_updates(trainer, out.results)
+    # the publish_weights node sent the new version, or (trainer.updates_per_sync) left the old one
+    trainer.published_version = trainer.policy_version if cfg.publishes_after(it) else published
     if out.kl_coef_next is not None:
         trainer.kl_coef = out.kl_coef_next
     policy = out.results.get("update_policy")
@@ -289,9 +292,9 @@ def _feed(state: RunSession, base: RunContext) -> Feed:
         return _submit_task(state.cfg, generate_ahead, key, wait_for, run=base.with_iteration(iteration),
                             prompts=prompts, policy_version=version)
 
-    def take(iteration: int, wanted: list, spare: list, count: int, version: int) -> Any:
+    def take(iteration: int, wanted: list, spare: list, count: int, version: int, published: int) -> Any:
         return _submit_task(state.cfg, take_groups, iteration, run=base.with_iteration(iteration), wanted=wanted,
-                            spare=spare, count=count, policy_version=version)
+                            spare=spare, count=count, policy_version=version, published_version=published)
 
     return open_feed(state.cfg, state.prompts, state.trainer, submit, take)
 

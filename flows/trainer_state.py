@@ -42,6 +42,8 @@ class TrainerState:
     sampler: ``PromptSampler.state_dict()`` ({} until a checkpoint snapshot fills it).
     mlflow_run_id: the MLflow run a resume keeps logging to (None: not known yet).
     rollouts: the rollouts in flight at the checkpoint (asynchronous training; {} otherwise).
+    published_version: the newest policy version published to the rollout pool (``trainer.updates_per_sync``);
+    None: ``policy_version``. Not saved: an iteration that writes a checkpoint always publishes.
     """
 
     kl_coef: float
@@ -52,6 +54,12 @@ class TrainerState:
     sampler: dict[str, Any] = field(default_factory=dict)
     mlflow_run_id: str | None = None
     rollouts: dict[str, Any] = field(default_factory=dict)
+    published_version: int | None = field(default=None, compare=False, metadata={"saved": False})
+
+    @property
+    def rollout_weights_version(self) -> int:
+        """The policy version the rollout pool generates with next: the newest published one."""
+        return self.policy_version if self.published_version is None else self.published_version
 
     def to_dict(self) -> dict[str, Any]:
         """The trainer_state.json object (JSON-serialisable; the sampler state is copied; ``rollouts``
@@ -75,7 +83,7 @@ class TrainerState:
         missing one (``mlflow_run_id`` may be absent: None), or a value of the wrong type."""
         if not isinstance(data, dict):
             raise TrainerStateError(f"{source}: expected a JSON object, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls) if f.metadata.get("saved", True)}
         unknown = sorted(set(data) - names)
         if unknown:
             raise TrainerStateError(f"{source}: unknown key {unknown[0]!r} (a trainer state has {sorted(names)})")

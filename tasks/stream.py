@@ -144,10 +144,13 @@ def partial_spans(token_versions: torch.Tensor, response_mask: torch.Tensor) -> 
 
 
 @node(name="rollout", retries=2, roles=("rollout",))
-def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_version: int) -> tuple[Batch, RolloutResult]:
+def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_version: int,
+                 published_version: int | None = None) -> tuple[Batch, RolloutResult]:
     """``count`` finished groups of the stream (module docstring). ``wanted`` / ``spare``: group
     entries ``{"gid", "uri", "checksum", "row", "seed"}`` (in flight / not yet started);
-    ``policy_version``: the weights the update that follows starts from. With
+    ``policy_version``: the weights the update that follows starts from (staleness is counted
+    against it); ``published_version``: the newest version published to the rollout pool
+    (``trainer.updates_per_sync``; None: ``policy_version``), which every rank must hold. With
     ``algorithm.filter_groups`` each finished group is scored first and one whose samples all score
     alike is replaced by a spare prompt (DAPO dynamic sampling refilling the buffer, verl V1's
     ReplayBufferAsync), or taken as it is when no spare is left (``stream/zero_variance_taken``;
@@ -170,7 +173,7 @@ def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_
         engine.stream_sync([_sync_record(g, prompts[g], int(e["seed"])) for g, e in sorted(live.items())])
 
     # a rank that restarted gets the trainer's current weights again (the streamer loads them itself)
-    weight_sync(run, rollout=engine).deliver(policy_version)
+    weight_sync(run, rollout=engine).deliver(policy_version if published_version is None else published_version)
     sync()
     taken: list[int] = []
     records: dict[int, dict[str, Any]] = {}
@@ -277,6 +280,6 @@ def _zero_variance(run: RunContext, groups: list[dict[str, Any]], prompts: dict[
     return alike
 
 
-take_groups = driver_rollout_task(_take_groups, "take_groups")  # (wanted, spare, count, policy_version) -> RolloutResult, on the rollout pool
+take_groups = driver_rollout_task(_take_groups, "take_groups")  # (wanted, spare, count, policy_version, published_version) -> RolloutResult, on the rollout pool
 
 __all__ = ["take_groups", "assemble", "StreamShortError", "StreamStalled"]

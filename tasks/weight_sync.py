@@ -40,9 +40,14 @@ def sync_metrics(report: SyncReport) -> dict[str, float]:
 @node(name="publish_weights", cache=False, retries=2, roles=("policy", "rollout"))
 def publish_weights(run: RunContext, update_policy: UpdateResult) -> dict[str, float]:
     """Publish the updated policy's weights (version ``update_policy.version``) to every rollout
-    rank; nothing when the update was not applied. Raises VersionError when the policy cannot be
-    brought to that version."""
-    if not update_policy.applied:
+    rank, after the iterations :meth:`~hybridflow.config.ExperimentConfig.publishes_after` names
+    (``trainer.updates_per_sync``); nothing after the others, nor when the update was not applied and
+    every update is published (its version went out before). Raises VersionError when the policy
+    cannot be brought to that version."""
+    cfg = run.cfg()
+    if not cfg.publishes_after(run.iteration):
+        return {}
+    if not update_policy.applied and cfg.trainer.updates_per_sync == 1:
         return {}
     return sync_metrics(weight_sync(run, policy_version=update_policy.version).publish(update_policy.version))
 

@@ -267,6 +267,21 @@ class ExperimentConfig(_Section):
         if t.async_mode in ("ahead", "stream") and rollout_pool is None:
             raise ValueError(f"trainer.async_mode={t.async_mode} needs a rollout pool apart from the policy's: add e.g. "
                              "placement.pools.gen: {workers: 1, roles: [rollout]} (examples/grpo_arith_stream.yaml)")
+        if t.updates_per_sync > 1:
+            if rollout_pool is None:
+                raise ValueError(f"trainer.updates_per_sync={t.updates_per_sync} needs a rollout pool apart from the "
+                                 "policy's (async_mode ahead|stream): the colocated engine always generates with the "
+                                 "policy's current weights")
+            if t.max_staleness < t.updates_per_sync - 1:
+                raise ValueError(
+                    f"trainer.updates_per_sync={t.updates_per_sync} lets the rollout pool's weights lag "
+                    f"{t.updates_per_sync - 1} version(s) behind the trainer, past trainer.max_staleness={t.max_staleness}: "
+                    f"set max_staleness >= {t.updates_per_sync - 1} or a smaller updates_per_sync")
+            if self.async_mode == "stream" and t.stream_order == "submission":
+                raise ValueError(
+                    f"trainer.updates_per_sync={t.updates_per_sync} with trainer.stream_order=submission: the "
+                    "submission order's fixed schedule loads every version; use stream_order=completion or "
+                    "updates_per_sync=1")
         if self.async_mode != "stream":
             return
         if r.partial not in STREAM_PARTIAL_MODES[r.engine]:
@@ -277,6 +292,15 @@ class ExperimentConfig(_Section):
         if r.is_multi_turn:
             raise ValueError("trainer.async_mode=stream generates single-turn groups; multi-turn rollouts "
                              "(rollout.tools / rollout.environment) run with async_mode=ahead")
+
+    def publishes_after(self, iteration: int) -> bool:
+        """Whether ``iteration``'s policy update is published to the rollout pool: every
+        ``trainer.updates_per_sync``-th iteration (verl's ``trigger_parameter_sync_step``), and every
+        iteration that writes a checkpoint (``trainer.save_every``, the last), so a resumed run's
+        rollout pool starts from weights it had. Always True with ``updates_per_sync`` 1."""
+        t = self.trainer
+        return (iteration % t.updates_per_sync == 0 or bool(t.save_every and iteration % t.save_every == 0)
+                or iteration == t.total_iterations)
 
     @property
     def async_mode(self) -> str:

@@ -62,6 +62,13 @@ class TrainerConfig(_Section):
         "generated no token and finished no group for this many seconds (a dead or hung engine, weights that "
         "never arrived); Prefect retries the take, then the run stops resumable (verl's trainer starvation).",
     )
+    updates_per_sync: int = Field(
+        1, ge=1, description="With a rollout pool (async_mode ahead|stream): publish the policy's weights to it "
+        "after every n-th iteration's update instead of after each (verl fully-async's "
+        "trigger_parameter_sync_step): fewer syncs, older weights. An iteration that writes a checkpoint always "
+        "publishes, so a resume starts from weights the rollout pool had. The rollout pool then lags up to n-1 "
+        "versions behind before any generation ahead, so trainer.max_staleness must be at least n-1.",
+    )
     weight_sync: Literal["auto", "object_store", "collective"] = Field(
         "auto", description="How the trainer's weights reach a separate rollout pool after each update: "
         "'object_store' = CPU tensors through Ray's object store; 'collective' = a torch.distributed broadcast "

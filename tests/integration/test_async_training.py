@@ -213,3 +213,21 @@ def test_max_staleness_0_on_a_rollout_pool_equals_the_colocated_run(prefect_api,
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert _rollouts(Path(separate["run_dir"]), 2) == {1: [0] * 4, 2: [1] * 4}
+
+
+def test_updates_per_sync_publishes_every_second_update_and_keeps_the_bound(prefect_api, ray_cluster, arith_files,
+                                                                             varied_reward, tmp_path):
+    """trainer.updates_per_sync=2 (verl's trigger_parameter_sync_step), max_staleness=1, a checkpoint
+    after iteration 4 of 5: weights reach the rollout pool after iterations 2, 4 and 5 only; each
+    rollout generates with the newest published version and is never older than the bound."""
+    from flows.train import train
+
+    summary = train(overrides=_async(tmp_path, arith_files, "async-sync2", varied_reward, **{
+        "trainer.updates_per_sync": "2", "trainer.save_every": "4"}))
+    run_dir = Path(summary["run_dir"])
+    assert _rollouts(run_dir, ITERATIONS) == {1: [0] * 4, 2: [0] * 4, 3: [2] * 4, 4: [2] * 4, 5: [4] * 4}
+    hist = {h["iteration"]: h["metrics"] for h in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    assert [it for it in sorted(hist) if hist[it].get("perf/weight_sync_bytes", 0) > 0] == [2, 4, 5]
+    assert [hist[it]["rollout/staleness/max"] for it in sorted(hist)] == [0, 1, 0, 1, 0]
+    assert all(hist[it]["rollout/regenerated_stale" if "rollout/regenerated_stale" in hist[it] else
+                        "rollout/dropped_stale"] == 0 for it in hist)

@@ -167,3 +167,30 @@ def test_config_asks_for_a_rollout_pool_of_its_own():
         load_config(None, ["model.path=tiny", "placement.pools.main.roles=[policy,rollout]"])
     cfg = load_config(None, ["model.path=tiny", "trainer.max_staleness=1", "placement.pools.gen.roles=[rollout]"])
     assert cfg.uses_rollout_pool and not cfg.old_log_probs_from_rollout  # 'auto' recomputes the trainer's
+
+
+def test_updates_per_sync_generates_with_the_newest_published_version_and_keeps_the_bound():
+    """trainer.updates_per_sync=2, max_staleness=1: weights reach the rollout pool after iterations 2,
+    4, 6 only; each rollout is generated with the newest published version and none is submitted so
+    early that it would be older than the bound when it trains (nothing regenerated)."""
+    state, submit = _State(max_staleness=1, total_iterations=6), _Submitter()
+    ahead = _ahead(state, submit)
+    stalenesses = []
+    for it in range(1, 7):
+        taken = _trained(state, ahead, it)
+        stalenesses.append(taken.metrics["rollout/staleness/max"])
+        assert "rollout/regenerated_stale" not in taken.metrics
+        if it % 2 == 0:  # what flows/train.py records after a publishing iteration
+            state.trainer.published_version = state.trainer.policy_version
+        elif state.trainer.published_version is None:
+            state.trainer.published_version = state.trainer.policy_version - 1
+    assert [(it, v) for it, v, _, _ in submit.calls] == [(1, 0), (2, 0), (3, 2), (4, 2), (5, 4), (6, 4)]
+    assert stalenesses == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+
+
+def test_without_updates_per_sync_the_schedule_is_unchanged():
+    state, submit = _State(max_staleness=1, total_iterations=4), _Submitter()
+    ahead = _ahead(state, submit)
+    for it in range(1, 5):
+        _trained(state, ahead, it)
+    assert [(it, v) for it, v, _, _ in submit.calls] == [(1, 0), (2, 0), (3, 1), (4, 2)]

@@ -36,6 +36,11 @@ def test_async_mode_resolves_what_older_configs_meant():
 @pytest.mark.parametrize("overrides, fragment", [
     (["trainer.async_mode=stream"], "trainer.async_mode=stream needs a rollout pool"),
     (["trainer.async_mode=off", "trainer.max_staleness=1", POOL], "trainer.async_mode=off but trainer.max_staleness=1"),
+    (["trainer.updates_per_sync=2"], "trainer.updates_per_sync=2 needs a rollout pool"),
+    (["trainer.updates_per_sync=3", "trainer.max_staleness=1", POOL], "lag 2 version(s) behind the trainer, past "
+     "trainer.max_staleness=1: set max_staleness >= 2"),
+    (["trainer.updates_per_sync=2", "trainer.max_staleness=1", "trainer.async_mode=stream", "trainer.stream_order=submission",
+      POOL], "trainer.updates_per_sync=2 with trainer.stream_order=submission"),
     (["trainer.async_mode=stream", POOL, "rollout.partial=pause"], "rollout.partial=pause: the hf engine offers abort, off"),
     (["trainer.async_mode=stream", POOL, "rollout.tools=[calculator]"], "multi-turn rollouts"),
     (["trainer.async_mode=flow"], "trainer.async_mode"),
@@ -63,9 +68,10 @@ def _stream(tmp_path, trainer: TrainerState, *extra: str, drop: int = 0):
     spares)."""
     calls = []
 
-    def take(iteration, wanted, spare, count, version):
+    def take(iteration, wanted, spare, count, version, published):
         calls.append({"iteration": iteration, "wanted": [e["gid"] for e in wanted],
-                      "spare": [e["gid"] for e in spare], "count": count, "version": version})
+                      "spare": [e["gid"] for e in spare], "count": count, "version": version,
+                      "published": published})
         gids = sorted(e["gid"] for e in wanted)
         dropped, started = gids[:drop], [e["gid"] for e in spare[:drop]]
         taken = [g for g in gids if g not in dropped][:count]
@@ -85,7 +91,7 @@ def test_the_stream_keeps_s_plus_1_iterations_of_groups_in_flight_and_each_take_
     assert isinstance(feed, GroupStream) and isinstance(feed, Feed)
     taken = feed.take(1)
     assert isinstance(taken.first, RolloutResult) and taken.first.groups == (0, 1)
-    assert calls[0] == {"iteration": 1, "wanted": [0, 1, 2, 3], "spare": [], "count": 2, "version": 0}
+    assert calls[0] == {"iteration": 1, "wanted": [0, 1, 2, 3], "spare": [], "count": 2, "version": 0, "published": 0}
     assert [e["gid"] for e in feed.inflight] == [2, 3]
     trainer.policy_version = 1
     feed.take(2)
@@ -96,6 +102,15 @@ def test_the_stream_keeps_s_plus_1_iterations_of_groups_in_flight_and_each_take_
     out = IterationResult({}, {})
     feed.settle(taken, out, (0.0, 2.0), 2.0)
     assert out.results["rollout"] is taken.first and out.metrics["async/overlap_fraction"] == 0.5
+
+
+def test_a_take_names_the_newest_published_version_apart_from_the_trainers(tmp_path):
+    """trainer.updates_per_sync: staleness is counted against the trainer's version, while the rollout
+    pool must hold only the newest version published to it."""
+    trainer = TrainerState(kl_coef=0.0, policy_version=3, published_version=2)
+    feed, calls = _stream(tmp_path, trainer, "trainer.updates_per_sync=2")
+    feed.take(1)
+    assert calls[0]["version"] == 3 and calls[0]["published"] == 2
 
 
 def test_the_checkpoint_record_resumes_the_same_groups_and_the_sampler_goes_on_after_them(tmp_path):
@@ -221,12 +236,14 @@ class _Pool:
                  "tokens": 0, "pad_id": 0}]
 
 
-def _take(tmp_path, monkeypatch, pool: _Pool, *extra: str, spare: int = 0):
+def _take(tmp_path, monkeypatch, pool: _Pool, *extra: str, spare: int = 0, published: int | None = None):
     import tasks.stream as S
     from tasks.common import RunContext
 
     monkeypatch.setattr(S, "pool_of", lambda run, role: pool)
-    monkeypatch.setattr(S, "weight_sync", lambda run, rollout: type("W", (), {"deliver": lambda self, v: None})())
+    pool.delivered = []
+    monkeypatch.setattr(S, "weight_sync",
+                        lambda run, rollout: type("W", (), {"deliver": lambda self, v: pool.delivered.append(v)})())
     prompts = Batch.from_dict({"prompt_ids": torch.tensor([[0, 5, 6]] * 6), "prompt_mask": torch.tensor([[0, 1, 1]] * 6).bool()},
                               {"uid": [f"u{i}" for i in range(6)]})
     ref = prompts.save(str(tmp_path / "prompts"))
@@ -234,7 +251,7 @@ def _take(tmp_path, monkeypatch, pool: _Pool, *extra: str, spare: int = 0):
     cfg = tiny_cfg("trainer.async_mode=stream", "trainer.max_staleness=1", POOL, "rollout.samples_per_prompt=2",
                    "data.prompts_per_iteration=2", *extra)
     run = RunContext("r", str(tmp_path), 3, "ns", 0, cfg.model_dump(mode="json"))
-    return S._take_groups.fn(run, entries[:4], entries[4:4 + spare], 2, 5)
+    return S._take_groups.fn(run, entries[:4], entries[4:4 + spare], 2, 5, published)
 
 
 def test_the_take_regenerates_a_stale_group_and_keeps_the_batch_whole(tmp_path, monkeypatch):
@@ -244,6 +261,17 @@ def test_the_take_regenerates_a_stale_group_and_keeps_the_batch_whole(tmp_path, 
     assert pool.synced[0] == [0, 1, 2, 3] and len(pool.synced) == 2  # re-synced after forgetting 0
     assert rows.meta["metrics"]["rollout/regenerated_stale"] == 2.0  # its 2 trajectories
     assert rows["rollout_token_versions"].shape == rows["response_mask"].shape and len(rows) == 4
+
+
+def test_the_take_delivers_the_newest_published_version_and_counts_staleness_against_the_trainer(tmp_path,
+                                                                                                monkeypatch):
+    pool = _Pool({0: 4, 1: 4, 2: 4, 3: 4})  # generated with v4, the newest published; the trainer is at v5
+    rows, result = _take(tmp_path, monkeypatch, pool, "trainer.updates_per_sync=2", published=4)
+    assert pool.delivered == [4] and result.dropped == ()
+    assert rows.meta["metrics"]["rollout/regenerated_stale"] == 0.0  # 1 version behind v5: within the bound
+    pool = _Pool({0: 4, 1: 4, 2: 4, 3: 4})
+    _take(tmp_path, monkeypatch, pool)
+    assert pool.delivered == [5]  # every update published: the trainer's own version
 
 
 def test_the_take_drops_a_stale_group_and_starts_a_spare(tmp_path, monkeypatch):

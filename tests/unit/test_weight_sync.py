@@ -219,10 +219,38 @@ def test_an_update_not_applied_publishes_nothing_and_an_applied_one_reports_the_
         raise AssertionError("a skipped update must not reach the pools")
 
     monkeypatch.setattr(T, "weight_sync", no_pools)
-    assert T.publish_weights.fn(None, UpdateResult(node="update_policy", applied=False, version=4)) == {}
+    assert T.publish_weights.fn(_run(3), UpdateResult(node="update_policy", applied=False, version=4)) == {}
     seen = []
     sync = types.SimpleNamespace(publish=lambda v: seen.append(v) or SyncReport(v, 0.25, 1024, True))
     monkeypatch.setattr(T, "weight_sync", lambda run, *, policy_version: seen.append(policy_version) or sync)
-    out = T.publish_weights.fn(None, UpdateResult(node="update_policy", applied=True, version=5))
+    out = T.publish_weights.fn(_run(3), UpdateResult(node="update_policy", applied=True, version=5))
     assert seen == [5, 5]  # the policy brought to the update's version, and that version published
     assert out == {"timing_s/weight_sync": 0.25, "perf/weight_sync_bytes": 1024.0, "perf/weight_sync_collective": 1.0}
+
+
+def _run(iteration: int, *extra: str):
+    from tasks.common import RunContext
+    from tests.unit._worker_helpers import tiny_cfg
+
+    cfg = tiny_cfg(*ROLLOUT_POOL, "trainer.total_iterations=10", *extra)
+    return RunContext("r", "/tmp/unused", iteration, "ns", 0, cfg.model_dump(mode="json"))
+
+
+def test_updates_per_sync_publishes_every_nth_iteration_and_at_every_checkpoint(monkeypatch):
+    """trainer.updates_per_sync=3, save_every=4, total 10: iterations 3, 4 (a checkpoint), 6, 8, 9 and
+    10 publish; a skipped update at a publishing iteration still sends its (older) version, which
+    the rollout pool may lack."""
+    import tasks.weight_sync as T
+    from tasks.types import UpdateResult
+
+    seen = []
+    sync = types.SimpleNamespace(publish=lambda v: seen.append(v) or SyncReport(v, 0.25, 1024, False))
+    monkeypatch.setattr(T, "weight_sync", lambda run, *, policy_version: sync)
+    extra = ("trainer.updates_per_sync=3", "trainer.max_staleness=2", "trainer.save_every=4")
+    published = [it for it in range(1, 11)
+                 if T.publish_weights.fn(_run(it, *extra), UpdateResult(node="update_policy", version=it))]
+    assert published == [3, 4, 6, 8, 9, 10] and seen == published
+    assert [it for it in range(1, 11) if _run(it, *extra).cfg().publishes_after(it)] == published
+    seen.clear()
+    assert T.publish_weights.fn(_run(6, *extra), UpdateResult(node="update_policy", applied=False, version=5))
+    assert seen == [5]
