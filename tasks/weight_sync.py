@@ -27,7 +27,8 @@ def weight_sync(run: RunContext, *, policy_version: int | None = None, rollout: 
     cfg = run.cfg()
     return WeightSync(policy=lambda: pool_of(run, "policy", at_version=policy_version),
                       rollout=pool_of(run, "rollout") if rollout is None else rollout, mode=cfg.weight_sync_mode,
-                      keep=versions_kept(cfg.trainer.max_staleness), warn=_warn)
+                      keep=versions_kept(cfg.trainer.max_staleness), warn=_warn,
+                      timeout_s=cfg.trainer.weight_sync_timeout_s)
 
 
 def sync_metrics(report: SyncReport) -> dict[str, float]:

@@ -24,7 +24,7 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 from workers.dispatch import DispatchProtocol, get_dispatch, protocol_of
-from workers.pool_errors import PoolError
+from workers.pool_errors import PoolError, RankTimeout
 from workers.worker_logs import emit as emit_worker_lines
 
 if TYPE_CHECKING:
@@ -59,7 +59,8 @@ class PendingCall:
     def result(self, timeout_s: float | None = None) -> Any:
         """Wait for every called rank (``timeout_s`` each) and join (``proto.join``). What each rank
         printed during the call is re-emitted here (:func:`workers.worker_logs.emit`). Raises
-        PoolError naming the pool, rank and method when a rank does not answer within ``timeout_s``."""
+        RankTimeout (a PoolError naming the pool, rank and method) when a rank does not answer
+        within ``timeout_s``."""
         results = []
         for rank, ref in enumerate(self.refs):
             if ref is None:
@@ -68,8 +69,7 @@ class PendingCall:
             try:
                 result, lines = ray.get(ref, timeout=timeout_s)
             except GetTimeoutError:
-                raise PoolError(f"pool {self.pool.name!r} rank {rank}: {self.role}.{self.method} timed out "
-                                f"after {timeout_s}s") from None
+                raise RankTimeout(self.pool.name, rank, f"{self.role}.{self.method}", timeout_s) from None
             emit_worker_lines(self.pool.name, rank, self.role, self.method, lines)
             results.append(result)
         keep_all = self.proto.name in ("broadcast", "rank_zero")

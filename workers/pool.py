@@ -284,6 +284,13 @@ def destroy_pool(pool: Pool, *, grace_s: float = 30.0) -> None:
         pass
 
 
+def restart_rank(pool: Pool, rank: int) -> None:
+    """Kill rank ``rank``'s actor so that Ray starts it again (the actors have ``max_restarts``;
+    a restarted rank restores the latest checkpoint, :func:`ensure_healthy`): the way out for a rank
+    that hangs in a call. A retried node waits for it (:func:`wait_for_pools`)."""
+    ray.kill(pool.actors[rank], no_restart=False)
+
+
 def create_pools(cfg: ExperimentConfig, *, namespace: str, ckpt_root: str | None) -> dict[str, Pool]:
     """Create every pool of the placement config. Returns {pool name: Pool}."""
     return {name: create_pool(cfg, name, namespace=namespace, ckpt_root=ckpt_root) for name in cfg.placement.pools}

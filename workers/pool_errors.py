@@ -7,6 +7,15 @@ class PoolError(RuntimeError):
     """A pool cannot serve: names the pool, the rank and the cause."""
 
 
+class RankTimeout(PoolError):
+    """A rank did not answer a call within its timeout: ``pool`` (name), ``rank``, ``method``
+    (``role.method``), ``timeout_s``. The rank may be hung; the caller decides whether to restart it."""
+
+    def __init__(self, pool: str, rank: int, method: str, timeout_s: float | None):
+        super().__init__(f"pool {pool!r} rank {rank}: {method} timed out after {timeout_s}s")
+        self.pool, self.rank, self.method, self.timeout_s = pool, rank, method, timeout_s
+
+
 def cause(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__

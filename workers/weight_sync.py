@@ -15,17 +15,26 @@ a torch.distributed broadcast from the policy's rank 0 to the rollout ranks
 again when a member restarted (its epoch differs). The members are called together through
 :func:`workers.handles.call_together`. A broadcast that fails falls back to the object store for
 that version (and the next publish forms the group anew).
+
+Every call of a sync has a timeout (``timeout_s``, ``trainer.weight_sync_timeout_s``). A rollout
+rank that does not answer in time is restarted (:func:`workers.pool.restart_rank`: it comes back
+without an inbox and gets the version again from the policy) and the publish fails in one line
+(:class:`WeightSyncTimeout`), so the ``publish_weights`` node's retry runs against the restarted
+rank; a policy rank that does not answer fails the publish in one line and is left as it is (its
+weights are the run's state).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from workers.handles import call_together
+from workers.pool_errors import RankTimeout
 from workers.weight_group import GROUP_TIMEOUT_S
 
 _log = logging.getLogger(__name__)
@@ -35,9 +44,21 @@ class VersionError(RuntimeError):
     """A pool's weights cannot be brought to the version the run expects (names role and versions)."""
 
 
-def weights_version(handle: Any) -> int:
-    """A role handle's weights_version (all ranks must agree; VersionError otherwise)."""
-    got = handle.get_weights_version()
+class WeightSyncTimeout(RuntimeError):
+    """A call of a weight sync did not answer within ``trainer.weight_sync_timeout_s`` (names the
+    version, pool, rank and method, and whether the rank was restarted)."""
+
+
+def _restart_rank(pool: Any, rank: int) -> None:
+    from workers.pool import restart_rank
+
+    restart_rank(pool, rank)
+
+
+def weights_version(handle: Any, timeout_s: float | None = None) -> int:
+    """A role handle's weights_version (all ranks must agree; VersionError otherwise; each rank
+    answers within ``timeout_s``, else RankTimeout)."""
+    got = handle.get_weights_version(timeout_s=timeout_s)
     versions = set(got) if isinstance(got, list) else {got}
     if len(versions) != 1:
         raise VersionError(f"{handle.role} pool ranks disagree on weights_version: {sorted(versions)}")
@@ -69,7 +90,9 @@ class WeightSync:
     a rank must fetch a version again: a rollout generating ahead must not wait on a policy pool
     busy updating); rollout: the rollout role's handle; mode: "collective" or "object_store" (as
     ``ExperimentConfig.weight_sync_mode`` resolves it); keep: versions kept (:func:`versions_kept`);
-    warn: where a fallback to the object store is reported (one line).
+    warn: where a fallback to the object store is reported (one line); timeout_s: seconds each call
+    of the sync may take per rank (None: no limit); restart: ``(pool, rank)``, starts a hung rank
+    again (:func:`workers.pool.restart_rank`).
     """
 
     policy: Callable[[], Any]
@@ -77,11 +100,19 @@ class WeightSync:
     mode: Literal["collective", "object_store"]
     keep: int
     warn: Callable[[str], None] = _log.warning
+    timeout_s: float | None = None
+    restart: Callable[[Any, int], None] = _restart_rank
 
     def publish(self, version: int) -> SyncReport:
         """Send the policy's weights (``version`` = its weights_version now) to every rollout rank's
         inbox. Raises VersionError when the policy is not at ``version``; a failed broadcast falls
-        back to the object store. Publishing a version already published sends it again (safe)."""
+        back to the object store. Publishing a version already published sends it again (safe).
+        Raises WeightSyncTimeout when a call does not answer within ``timeout_s`` (a rollout rank
+        that hung is restarted first)."""
+        with self._timeouts(version):
+            return self._publish(version)
+
+    def _publish(self, version: int) -> SyncReport:
         start = time.perf_counter()
         policy = self.policy()
         sent, collective = None, self.mode == "collective"
@@ -100,41 +131,64 @@ class WeightSync:
     def ensure(self, version: int) -> None:
         """Make every rollout rank generate with the weights of ``version``: from its inbox, or (a
         rank that restarted and lost it) fetched again from the policy. Raises VersionError naming
-        the version when neither holds it (resume the run from its checkpoint)."""
-        versions = self.rollout.get_weights_version()
-        if set(versions) == {version}:
-            return
-        if not all(version in held for held in self.rollout.inbox_versions()):
-            published = self.policy().published_weights(version)
-            if published is None:
-                raise VersionError(
-                    f"rollout pool needs policy weights_version {version}: its ranks are at {sorted(set(versions))} "
-                    f"and the policy keeps only the {self.keep} newest versions; resume the run "
-                    "from its latest checkpoint")
-            self.rollout.receive_weights(published["refs"], version=version, keep=self.keep)
-        self.rollout.use_weights(version)
-        if weights_version(self.rollout) != version:
-            raise VersionError(f"rollout pool did not load weights_version {version}")
+        the version when neither holds it (resume the run from its checkpoint), WeightSyncTimeout
+        as :meth:`publish`."""
+        t = self.timeout_s
+        with self._timeouts(version):
+            versions = self.rollout.get_weights_version(timeout_s=t)
+            if set(versions) == {version}:
+                return
+            if not all(version in held for held in self.rollout.inbox_versions(timeout_s=t)):
+                published = self.policy().published_weights(version, timeout_s=t)
+                if published is None:
+                    raise VersionError(
+                        f"rollout pool needs policy weights_version {version}: its ranks are at "
+                        f"{sorted(set(versions))} and the policy keeps only the {self.keep} newest versions; "
+                        "resume the run from its latest checkpoint")
+                self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, timeout_s=t)
+            self.rollout.use_weights(version, timeout_s=t)
+            if weights_version(self.rollout, timeout_s=t) != version:
+                raise VersionError(f"rollout pool did not load weights_version {version}")
 
     def deliver(self, version: int) -> None:
         """Make every rollout rank hold the weights of ``version``, loaded or in its inbox (a rank that
         restarted and lost it gets them again from the policy), without loading them: the streaming
-        rollout loads versions itself (workers/group_stream.py). Raises VersionError as :meth:`ensure`."""
-        loaded, held = self.rollout.get_weights_version(), self.rollout.inbox_versions()
-        if all(v >= version or version in h for v, h in zip(loaded, held, strict=True)):
-            return
-        published = self.policy().published_weights(version)
-        if published is None:
-            raise VersionError(
-                f"rollout pool needs policy weights_version {version}: its ranks are at {sorted(set(loaded))} "
-                f"and the policy keeps only the {self.keep} newest versions; resume the run from its latest checkpoint")
-        self.rollout.receive_weights(published["refs"], version=version, keep=self.keep)
+        rollout loads versions itself (workers/group_stream.py). Raises VersionError and
+        WeightSyncTimeout as :meth:`ensure`."""
+        t = self.timeout_s
+        with self._timeouts(version):
+            loaded, held = self.rollout.get_weights_version(timeout_s=t), self.rollout.inbox_versions(timeout_s=t)
+            if all(v >= version or version in h for v, h in zip(loaded, held, strict=True)):
+                return
+            published = self.policy().published_weights(version, timeout_s=t)
+            if published is None:
+                raise VersionError(
+                    f"rollout pool needs policy weights_version {version}: its ranks are at {sorted(set(loaded))} "
+                    f"and the policy keeps only the {self.keep} newest versions; resume the run from its latest "
+                    "checkpoint")
+            self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, timeout_s=t)
+
+    @contextlib.contextmanager
+    def _timeouts(self, version: int) -> Iterator[None]:
+        """A call that timed out (RankTimeout) as one WeightSyncTimeout line; a rollout rank that
+        timed out is restarted first."""
+        try:
+            yield
+        except RankTimeout as e:
+            rollout_pool = getattr(self.rollout, "pool", None)
+            restarted = rollout_pool is not None and e.pool == rollout_pool.name
+            if restarted:
+                self.restart(rollout_pool, e.rank)
+            raise WeightSyncTimeout(
+                f"weight sync of v{version}: {e} (trainer.weight_sync_timeout_s); "
+                + (f"rank {e.rank} of pool {e.pool!r} restarted, the sync is retried" if restarted
+                   else "the policy's rank is left as it is")) from None
 
     def _through_object_store(self, policy: Any, version: int) -> int:
-        published = policy.publish_weights(keep=self.keep)
+        published = policy.publish_weights(keep=self.keep, timeout_s=self.timeout_s)
         if published["version"] != version:
             raise VersionError(f"policy published weights_version {published['version']}, expected {version}")
-        self.rollout.receive_weights(published["refs"], version=version, keep=self.keep)
+        self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, timeout_s=self.timeout_s)
         return published["bytes"]
 
     def _broadcast(self, policy: Any, version: int) -> int:
@@ -154,4 +208,4 @@ class WeightSync:
         return sent["bytes"]
 
 
-__all__ = ["SyncReport", "VersionError", "WeightSync", "versions_kept", "weights_version"]
+__all__ = ["SyncReport", "VersionError", "WeightSync", "WeightSyncTimeout", "versions_kept", "weights_version"]

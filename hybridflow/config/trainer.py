@@ -62,6 +62,13 @@ class TrainerConfig(_Section):
         "generated no token and finished no group for this many seconds (a dead or hung engine, weights that "
         "never arrived); Prefect retries the take, then the run stops resumable (verl's trainer starvation).",
     )
+    weight_sync_timeout_s: float = Field(
+        600.0, gt=0, description="With a rollout pool: seconds each call of a weight sync (the policy's publish, "
+        "the transfer into every rollout rank, loading a version) may take per rank. A rollout rank that does not "
+        "answer in time is restarted and the publish fails in one line; Prefect retries the publish_weights node "
+        "against the restarted rank (which gets the version again from the policy). A policy rank that does not "
+        "answer fails the publish, and after the retries the run stops resumable.",
+    )
     updates_per_sync: int = Field(
         1, ge=1, description="With a rollout pool (async_mode ahead|stream): publish the policy's weights to it "
         "after every n-th iteration's update instead of after each (verl fully-async's "

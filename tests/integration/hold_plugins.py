@@ -3,7 +3,8 @@
 A test creates ``<run_dir>/holds/<method>-v<version>`` before the run. When the policy actor
 runs that call — ``generate_sequences`` at weights_version ``version``, or ``update_policy``
 with ``expected_version=version`` — or the rollout actor of asynchronous training generates at
-``version`` (``rollout_generate-v<version>``), or the policy writes its part of checkpoint
+``version`` (``rollout_generate-v<version>``) or files the published weights of ``version``
+(``receive_weights-v<version>``), or the policy writes its part of checkpoint
 ``iter_<k>`` into the staging folder (``save_checkpoint-iter_<k>``: before the checkpoint is committed),
 or the policy generates for validation (``validate_generate``: a run's or ``hybridflow eval``'s), it does the work, then claims the marker (atomic rename,
 so only the first call holds), publishes its PID in ``<key>.held`` and waits to be killed
@@ -71,6 +72,8 @@ _patch("generate_sequences",  # validation (a run's, or ``hybridflow eval``'s): 
        lambda w, kw: "validate_generate" if kw.get("validate") else f"generate_sequences-v{w.versions.weights_version}")
 _patch("update_policy", lambda w, kw: f"update_policy-v{kw['expected_version']}")
 _patch("generate_sequences", lambda w, kw: f"rollout_generate-v{w.weights_version}", RolloutWorker)
+# a rollout rank receiving published weights (asynchronous training): receive_weights-v<version>
+_patch("receive_weights", lambda w, kw: f"receive_weights-v{kw['version']}", RolloutWorker)
 # after the policy's part of checkpoint iter_<k> is in its staging folder, before commit_save moves it
 _patch("save_checkpoint", lambda w, kw: f"save_checkpoint-{Path(kw['path']).name.removesuffix('.tmp')}",
        positional=("path",))

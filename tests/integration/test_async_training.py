@@ -162,6 +162,31 @@ def test_killed_rollout_worker_and_driver_resume_to_the_same_weights(reference, 
     assert_same_weights(_weights(run_dir / "checkpoints" / "iter_000005"), _weights(Path(reference["checkpoint"])))
 
 
+def test_a_hung_weight_sync_restarts_the_rollout_rank_and_the_retried_publish_delivers(reference, arith_files,
+                                                                                     varied_reward, tmp_path):
+    """The rollout rank hangs while it files the weights of v2 (the hold plugin keeps the call for
+    minutes): the publish times out after trainer.weight_sync_timeout_s, the rank is restarted, the
+    retried publish_weights node delivers v2, and the run ends with the uninterrupted run's rollouts
+    and weights (the TRL #7103 / #6796 class: a weight sync that hangs)."""
+    from flows.train import train
+    from tests.integration.hold_plugins import holds_dir
+    from workers.pool import read_pool_events
+
+    run_dir = tmp_path / "runs" / "async-hung-sync"
+    holds = holds_dir(run_dir)
+    holds.mkdir(parents=True)
+    (holds / "receive_weights-v2").touch()
+    start = time.monotonic()
+    summary = train(overrides=_async(tmp_path, arith_files, "async-hung-sync", varied_reward, **{
+        "trainer.plugins": "[tests.integration.hold_plugins]", "trainer.weight_sync_timeout_s": "20"}))
+    assert summary["iterations"] == ITERATIONS and time.monotonic() - start < 280  # not waited out (300 s hold)
+    assert (holds / "receive_weights-v2.held").exists()  # the receive of v2 did hang
+    assert executions(run_dir).count((2, "publish_weights")) >= 2  # timed out, then retried
+    assert len(read_pool_events(str(run_dir), "gen")) >= 2  # the rollout rank started again
+    assert _rollouts(run_dir, ITERATIONS) == _rollouts(Path(reference["run_dir"]), ITERATIONS)
+    assert_same_weights(_weights(run_dir / "checkpoints" / "iter_000005"), _weights(Path(reference["checkpoint"])))
+
+
 def test_a_slow_update_does_not_let_the_rollout_pool_run_past_the_bound(prefect_api, ray_cluster, arith_files,
                                                                         varied_reward, tmp_path):
     from flows.train import train

@@ -8,7 +8,8 @@ import types
 import pytest
 
 from workers.handles import call_together
-from workers.weight_sync import SyncReport, VersionError, WeightSync, versions_kept
+from workers.pool_errors import RankTimeout
+from workers.weight_sync import SyncReport, VersionError, WeightSync, WeightSyncTimeout, versions_kept
 
 
 class Method:
@@ -17,9 +18,11 @@ class Method:
 
     def __init__(self, log: list, name: str, fn):
         self.log, self.name, self.fn = log, name, fn
+        self.timeouts: list = []  # the timeout_s of each call (a role handle's bound methods take one)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args, timeout_s=None, **kwargs):
         self.log.append((self.name, args, kwargs))
+        self.timeouts.append(timeout_s)
         return self.fn(*args, **kwargs)
 
     def start(self, *args, **kwargs):
@@ -59,7 +62,7 @@ class FakeRollout:
     role = "rollout"
 
     def __init__(self, log: list, ranks: int = 2):
-        self.pool = types.SimpleNamespace(world_size=ranks)
+        self.pool = types.SimpleNamespace(world_size=ranks, name="gen")
         self.loaded, self.inbox, self.epochs = [0] * ranks, [set() for _ in range(ranks)], [None] * ranks
         m = lambda name, fn: Method(log, "rollout." + name, fn)  # noqa: E731
         self.receive_weights = m("receive_weights", self._receive)
@@ -101,6 +104,57 @@ def _sync(mode="object_store", version=1, ranks=2):
 
 def _names(log):
     return [name for name, _, _ in log]
+
+
+def _methods(*handles) -> list[Method]:
+    return [m for h in handles for m in vars(h).values() if isinstance(m, Method)]
+
+
+def test_every_call_of_a_sync_has_the_timeout():
+    sync, policy, rollout, log, _, _ = _sync()
+    sync.timeout_s = 7.0
+    sync.publish(1)
+    sync.ensure(1)
+    rollout.inbox = [set(), set()]  # both ranks restarted: ensure and deliver fetch the version again
+    rollout.loaded = [0, 0]
+    policy.published[1] = {"version": 1, "refs": ["ref1"], "bytes": 100}
+    sync.ensure(1)
+    rollout.inbox, rollout.loaded = [set(), set()], [0, 0]
+    sync.deliver(1)
+    called = [m for m in _methods(policy, rollout) if m.timeouts]
+    assert {m.name for m in called} >= {"policy.publish_weights", "rollout.receive_weights", "rollout.use_weights",
+                                        "rollout.get_weights_version", "rollout.inbox_versions",
+                                        "policy.published_weights"}
+    assert all(t == 7.0 for m in called for t in m.timeouts), [(m.name, m.timeouts) for m in called]
+
+
+def _hangs(handle, name: str, pool: str, rank: int):
+    def hung(*a, **k):
+        raise RankTimeout(pool, rank, f"{handle.role}.{name}", 7.0)
+    setattr(handle, name, Method([], f"{handle.role}.{name}", hung))
+
+
+def test_a_rollout_rank_that_does_not_answer_is_restarted_and_the_sync_fails_in_one_line():
+    sync, policy, rollout, _, _, _ = _sync()
+    restarted = []
+    sync.timeout_s, sync.restart = 7.0, lambda pool, rank: restarted.append((pool.name, rank))
+    _hangs(rollout, "receive_weights", "gen", 1)
+    with pytest.raises(WeightSyncTimeout) as e:
+        sync.publish(1)
+    assert restarted == [("gen", 1)]
+    line = str(e.value)
+    assert "\n" not in line and "v1" in line and "rank 1" in line and "rollout.receive_weights" in line
+    assert "restarted, the sync is retried" in line and "trainer.weight_sync_timeout_s" in line
+
+
+def test_a_policy_rank_that_does_not_answer_fails_the_sync_and_is_not_restarted():
+    sync, policy, rollout, _, _, _ = _sync()
+    restarted = []
+    sync.timeout_s, sync.restart = 7.0, lambda pool, rank: restarted.append((pool.name, rank))
+    _hangs(policy, "publish_weights", "main", 0)
+    with pytest.raises(WeightSyncTimeout, match="the policy's rank is left as it is"):
+        sync.publish(1)
+    assert restarted == []
 
 
 def test_versions_kept_is_the_rollouts_in_flight_plus_the_one_published():
