@@ -58,7 +58,7 @@ def _restart_rank(pool: Any, rank: int) -> None:
 def weights_version(handle: Any, timeout_s: float | None = None) -> int:
     """A role handle's weights_version (all ranks must agree; VersionError otherwise; each rank
     answers within ``timeout_s``, else RankTimeout)."""
-    got = handle.get_weights_version(timeout_s=timeout_s)
+    got = handle.get_weights_version() if timeout_s is None else handle.get_weights_version(timeout_s=timeout_s)
     versions = set(got) if isinstance(got, list) else {got}
     if len(versions) != 1:
         raise VersionError(f"{handle.role} pool ranks disagree on weights_version: {sorted(versions)}")
@@ -133,21 +133,21 @@ class WeightSync:
         rank that restarted and lost it) fetched again from the policy. Raises VersionError naming
         the version when neither holds it (resume the run from its checkpoint), WeightSyncTimeout
         as :meth:`publish`."""
-        t = self.timeout_s
+        t = self._timeout()
         with self._timeouts(version):
-            versions = self.rollout.get_weights_version(timeout_s=t)
+            versions = self.rollout.get_weights_version(**t)
             if set(versions) == {version}:
                 return
-            if not all(version in held for held in self.rollout.inbox_versions(timeout_s=t)):
-                published = self.policy().published_weights(version, timeout_s=t)
+            if not all(version in held for held in self.rollout.inbox_versions(**t)):
+                published = self.policy().published_weights(version, **t)
                 if published is None:
                     raise VersionError(
                         f"rollout pool needs policy weights_version {version}: its ranks are at "
                         f"{sorted(set(versions))} and the policy keeps only the {self.keep} newest versions; "
                         "resume the run from its latest checkpoint")
-                self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, timeout_s=t)
-            self.rollout.use_weights(version, timeout_s=t)
-            if weights_version(self.rollout, timeout_s=t) != version:
+                self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, **t)
+            self.rollout.use_weights(version, **t)
+            if weights_version(self.rollout, self.timeout_s) != version:
                 raise VersionError(f"rollout pool did not load weights_version {version}")
 
     def deliver(self, version: int) -> None:
@@ -155,18 +155,23 @@ class WeightSync:
         restarted and lost it gets them again from the policy), without loading them: the streaming
         rollout loads versions itself (workers/group_stream.py). Raises VersionError and
         WeightSyncTimeout as :meth:`ensure`."""
-        t = self.timeout_s
+        t = self._timeout()
         with self._timeouts(version):
-            loaded, held = self.rollout.get_weights_version(timeout_s=t), self.rollout.inbox_versions(timeout_s=t)
+            loaded, held = self.rollout.get_weights_version(**t), self.rollout.inbox_versions(**t)
             if all(v >= version or version in h for v, h in zip(loaded, held, strict=True)):
                 return
-            published = self.policy().published_weights(version, timeout_s=t)
+            published = self.policy().published_weights(version, **t)
             if published is None:
                 raise VersionError(
                     f"rollout pool needs policy weights_version {version}: its ranks are at {sorted(set(loaded))} "
                     f"and the policy keeps only the {self.keep} newest versions; resume the run from its latest "
                     "checkpoint")
-            self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, timeout_s=t)
+            self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, **t)
+
+    def _timeout(self) -> dict[str, float]:
+        """The ``timeout_s`` keyword of each call (none when unbounded: a handle-like object without
+        the keyword still works)."""
+        return {} if self.timeout_s is None else {"timeout_s": self.timeout_s}
 
     @contextlib.contextmanager
     def _timeouts(self, version: int) -> Iterator[None]:
@@ -185,10 +190,10 @@ class WeightSync:
                    else "the policy's rank is left as it is")) from None
 
     def _through_object_store(self, policy: Any, version: int) -> int:
-        published = policy.publish_weights(keep=self.keep, timeout_s=self.timeout_s)
+        published = policy.publish_weights(keep=self.keep, **self._timeout())
         if published["version"] != version:
             raise VersionError(f"policy published weights_version {published['version']}, expected {version}")
-        self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, timeout_s=self.timeout_s)
+        self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, **self._timeout())
         return published["bytes"]
 
     def _broadcast(self, policy: Any, version: int) -> int:
