@@ -139,13 +139,7 @@ class WeightSync:
             if set(versions) == {version}:
                 return
             if not all(version in held for held in self.rollout.inbox_versions(**t)):
-                published = self.policy().published_weights(version, **t)
-                if published is None:
-                    raise VersionError(
-                        f"rollout pool needs policy weights_version {version}: its ranks are at "
-                        f"{sorted(set(versions))} and the policy keeps only the {self.keep} newest versions; "
-                        "resume the run from its latest checkpoint")
-                self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, **t)
+                self._fetch_again(version, versions)
             self.rollout.use_weights(version, **t)
             if weights_version(self.rollout, self.timeout_s) != version:
                 raise VersionError(f"rollout pool did not load weights_version {version}")
@@ -160,13 +154,19 @@ class WeightSync:
             loaded, held = self.rollout.get_weights_version(**t), self.rollout.inbox_versions(**t)
             if all(v >= version or version in h for v, h in zip(loaded, held, strict=True)):
                 return
-            published = self.policy().published_weights(version, **t)
-            if published is None:
-                raise VersionError(
-                    f"rollout pool needs policy weights_version {version}: its ranks are at {sorted(set(loaded))} "
-                    f"and the policy keeps only the {self.keep} newest versions; resume the run from its latest "
-                    "checkpoint")
-            self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, **t)
+            self._fetch_again(version, loaded)
+
+    def _fetch_again(self, version: int, loaded: list[int]) -> None:
+        """Send ``version`` from the policy's kept versions into every rollout rank's inbox (ranks
+        that restarted lost it; ``loaded``: the ranks' versions, for the error). Raises VersionError
+        when the policy no longer keeps it."""
+        published = self.policy().published_weights(version, **self._timeout())
+        if published is None:
+            raise VersionError(
+                f"rollout pool needs policy weights_version {version}: its ranks are at {sorted(set(loaded))} "
+                f"and the policy keeps only the {self.keep} newest versions; resume the run from its latest "
+                "checkpoint")
+        self.rollout.receive_weights(published["refs"], version=version, keep=self.keep, **self._timeout())
 
     def _timeout(self) -> dict[str, float]:
         """The ``timeout_s`` keyword of each call (none when unbounded: a handle-like object without

@@ -87,6 +87,17 @@ def wait_finished(st: GroupStreamer, count: int, timeout_s: float = 60.0) -> lis
     raise AssertionError(f"only {len(st.finished())} of {count} groups finished in {timeout_s} s")
 
 
+def generate_all(st: GroupStreamer, k: int) -> list[dict]:
+    """Start ``st``, hand it ``groups(k)``, wait for all k and pop them (stopped whatever happens)."""
+    st.start()
+    try:
+        st.sync(groups(k))
+        wait_finished(st, k)
+        return st.pop(list(range(k)))
+    finally:
+        st.stop()
+
+
 def teacher_forced(state: dict, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """log p(token | prompt, tokens before) under ``state``: what the trainer computes."""
     model = build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=0).eval()
@@ -102,13 +113,7 @@ def teacher_forced(state: dict, prompt: list[int], tokens: list[int]) -> torch.T
 def test_groups_generated_in_chunks_carry_the_log_probs_of_one_uninterrupted_response():
     inbox = Inbox(build_tiny_model(len(TOK), hidden_size=32, layers=2, seed=0).eval())
     st = streamer("completion", inbox)
-    st.start()
-    try:
-        st.sync(groups(4))
-        wait_finished(st, 4)
-        recs = st.pop([0, 1, 2, 3])
-    finally:
-        st.stop()
+    recs = generate_all(st, 4)
     assert st.stats["chunks"] > 12  # 4 groups × 3 rows, most needed more than one chunk of 4 tokens
     several_chunks = 0
     for rec, g in zip(recs, groups(4), strict=True):
@@ -141,13 +146,7 @@ def test_new_weights_land_between_chunks_and_each_token_keeps_its_version_and_lo
             inbox.publish(1, W1)  # after the first chunk: the next one loads v1
 
     st._chunk = chunk_then_publish
-    st.start()
-    try:
-        st.sync(groups(3))
-        wait_finished(st, 3)
-        recs = st.pop([0, 1, 2])
-    finally:
-        st.stop()
+    recs = generate_all(st, 3)
     assert calls[0] == 0 and set(calls[1:]) == {1}
     assert st.stats["weight_loads"] == 1 and st.stats["interrupted_rows"] > 0
     mixed = 0
@@ -265,13 +264,7 @@ def test_an_interruptible_engine_decodes_each_response_on_one_kv_cache_while_the
 
     st = streamer("completion", inbox, chunk=2, max_new=12, newer_weights=newer, **engine_kw)
     assert st.elastic
-    st.start()
-    try:
-        st.sync(groups(4))
-        wait_finished(st, 4)
-        recs = st.pop([0, 1, 2, 3])
-    finally:
-        st.stop()
+    recs = generate_all(st, 4)
     prompts = sum(len(g["prompt"]) for g in groups(4))
     assert st.stats["prefill_tokens"] == prompts  # each prompt once, no prefix re-prefilled
     assert st.stats["calls"] == 1 and st.stats["chunks"] == 12  # 4 groups × 3 rows in one call
@@ -301,13 +294,7 @@ def test_an_interruptible_engine_stops_at_the_chunk_boundary_where_newer_weights
         return max(inbox.published) > inbox.loaded
 
     st = streamer("completion", inbox, chunk=3, max_new=12, newer_weights=newer)
-    st.start()
-    try:
-        st.sync(groups(3))
-        wait_finished(st, 3)
-        recs = st.pop([0, 1, 2])
-    finally:
-        st.stop()
+    recs = generate_all(st, 3)
     assert inbox.loads == [1] and st.stats["weight_loads"] == 1 and st.stats["interrupted_rows"] > 0
     assert st.stats["calls"] == 2  # the interrupted call, then one call continuing every unfinished row
     mixed = 0
