@@ -81,6 +81,12 @@ class _Layer(nn.Module):
         return x + self.down(nn.functional.silu(g) * u)
 
 
+def _sig(value: float) -> float:
+    """Four significant digits: a tiny probe's 0.04 GFLOP/s must not round to 0 (a fixed number of
+    decimals did, on a loaded machine)."""
+    return float(f"{value:.4g}")
+
+
 def probe_cpu(hidden: int, intermediate: int, *, repeats: int = 5, rows: int = PROBE_ROWS) -> ProbeFigures:
     """Measure fp32 vs bf16 at these widths on this CPU (see the module docstring). Seeded, no
     global state changed. Takes about a second at hidden 576."""
@@ -104,8 +110,8 @@ def probe_cpu(hidden: int, intermediate: int, *, repeats: int = 5, rows: int = P
     fp32_layer, bf16_layer = _best_ms((lambda: step(False), lambda: step(True)), repeats)
     _, flags = cpu_description()
     return ProbeFigures(machine_key=machine_key(hidden, intermediate), cpu_bf16=bool(flags), hidden_size=hidden,
-                        fp32_matmul_gflops=round(flop / fp32_mm / 1e6, 1), bf16_matmul_gflops=round(flop / bf16_mm / 1e6, 1),
-                        fp32_layer_ms=round(fp32_layer, 3), bf16_layer_ms=round(bf16_layer, 3),
+                        fp32_matmul_gflops=_sig(flop / fp32_mm / 1e6), bf16_matmul_gflops=_sig(flop / bf16_mm / 1e6),
+                        fp32_layer_ms=_sig(fp32_layer), bf16_layer_ms=_sig(bf16_layer),
                         seconds=round(time.perf_counter() - t0, 3))
 
 
