@@ -42,7 +42,12 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-ENVIRONMENTS: Registry[Callable[..., Any]] = Registry("environment")
+def _load_builtins() -> None:
+    """The other hubs' adapters (textarena, gymnasium) register themselves on first lookup."""
+    from hybridflow.agents import hubs  # noqa: F401
+
+
+ENVIRONMENTS: Registry[Callable[..., Any]] = Registry("environment", builtins=_load_builtins)
 register_environment = ENVIRONMENTS.register  # class decorator: selectable by ``name`` (config or ``agent_name``)
 environment_names = ENVIRONMENTS.names
 

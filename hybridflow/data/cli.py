@@ -5,6 +5,8 @@
     hybridflow data countdown --out data/countdown.parquet --n 1000 --seed 0 [--min-numbers 3 ...]
     hybridflow data reasoning-gym --dataset chain_sum[,leg_counting] --n 1000 --seed 0 \
         [--config max_terms=3 ...] --out data/rg.parquet [--test-out data/rg_test.parquet --test-n 256]
+    hybridflow data textarena --env GuessTheNumber-v0 --n 512 --seed 0 --out data/guess.parquet \
+        [--test-out data/guess_test.parquet --test-n 64] [--system-prompt TEXT]
 
 No heavy imports at module top (``hybridflow --help`` imports this module).
 """
@@ -47,7 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--test-out", default=None,
                    help="also write a held-out split here: problems whose question is not in --out")
     r.add_argument("--test-n", type=int, default=256, help="size of the held-out split (default: 256)")
-    for p in (g, a, c, r):
+    t = sub.add_parser("textarena", help="TextArena single-player games, played and scored by the textarena environment")
+    t.add_argument("--env", required=True, help="TextArena id of a single-player game (e.g. GuessTheNumber-v0, TowerOfHanoi-v0)")
+    t.add_argument("--n", type=int, default=1000, help="number of games (default: 1000)")
+    t.add_argument("--seed", type=int, default=0, help="games use seeds seed*1e6 + i (default: 0)")
+    t.add_argument("--system-prompt", default=None, help="a system message before each game's opening")
+    t.add_argument("--test-out", default=None, help="also write held-out games here: seeds no training game uses")
+    t.add_argument("--test-n", type=int, default=256, help="number of held-out games (default: 256)")
+    for p in (g, a, c, r, t):
         p.add_argument("--out", "-o", required=True, help="output file: .parquet or .jsonl (any fsspec URI)")
 
 
@@ -67,6 +76,7 @@ def held_out(train: list, candidates: Iterable[dict], n: int) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hybridflow.agents.loading import AgentLoadError
     from hybridflow.data.io import DataFileError, write_rows
     from hybridflow.data.tasks import gsm8k_rows, make_arith, make_countdown
 
@@ -86,16 +96,18 @@ def run(args: argparse.Namespace) -> int:
                 print(f"wrote {len(test)} held-out arith rows (no question shared with --out) to {args.test_out}")
         elif args.task == "reasoning-gym":
             rows = _reasoning_gym(args)
+        elif args.task == "textarena":
+            rows = _textarena(args)
         else:
             rows = make_countdown(args.n, seed=args.seed, min_numbers=args.min_numbers, max_numbers=args.max_numbers,
                                   max_number=args.max_number, max_target=args.max_target)  # fmt: skip
         write_rows(rows, args.out)
-    except (ValueError, FileNotFoundError, DataFileError) as e:
+    except (ValueError, FileNotFoundError, DataFileError, AgentLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {len(rows)} {args.task} rows to {args.out}")
     if rows:
-        print(f"first prompt: {rows[0]['prompt'][0]['content']}")
+        print(f"first prompt: {rows[0]['prompt'][-1]['content']}")
         print(f"ground truth: {rows[0]['reward_model']['ground_truth']}")
     return 0
 
@@ -114,4 +126,19 @@ def _reasoning_gym(args: argparse.Namespace) -> list:
         test = held_out(rows, candidates, args.test_n)
         write_rows(test, args.test_out)
         print(f"wrote {len(test)} held-out reasoning-gym rows (no question shared with --out) to {args.test_out}")
+    return rows
+
+
+def _textarena(args: argparse.Namespace) -> list:
+    """Train games (and the held-out games, written here) of ``hybridflow data textarena``: the
+    held-out games take seeds after the training ones (a game with a small space, such as
+    GuessTheNumber's 20 targets, can still repeat a training game's secret)."""
+    from hybridflow.data.io import write_rows
+    from hybridflow.data.tasks.textarena import make_textarena
+
+    rows = make_textarena(args.env, args.n, seed=args.seed, system_prompt=args.system_prompt)
+    if args.test_out:
+        test = make_textarena(args.env, args.test_n, seed=args.seed, seed_offset=args.n, system_prompt=args.system_prompt)
+        write_rows(test, args.test_out)
+        print(f"wrote {len(test)} held-out textarena games (seeds after the training games') to {args.test_out}")
     return rows

@@ -36,6 +36,7 @@ def _load_builtins() -> None:
         arith,
         code,
         countdown,
+        environment,
         geo3k,
         gsm8k,
         math_dapo,

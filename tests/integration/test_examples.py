@@ -20,7 +20,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 @pytest.fixture(scope="module")
 def task_files(tmp_path_factory):
-    """Small train/val files per task: arith, countdown, gsm8k (from a GSM8K-shaped jsonl), reasoning-gym."""
+    """Small train/val files per task: arith, countdown, gsm8k (from a GSM8K-shaped jsonl), reasoning-gym,
+    a TextArena game."""
     from hybridflow.data import write_rows
     from hybridflow.data.tasks import gsm8k_rows, make_arith, make_countdown
     from hybridflow.data.tasks.reasoning_gym import make_reasoning_gym
@@ -34,6 +35,12 @@ def task_files(tmp_path_factory):
                        }.items():  # fmt: skip
         write_rows(rows, str(d / f"{name}.parquet"))
         out[name] = str(d / f"{name}.parquet")
+    from hybridflow.data.tasks.textarena import make_textarena
+
+    # the rows name the game: TowerOfHanoi's opening fits the tiny model's 512 positions (GuessTheNumber's
+    # is 527 tokens of its tokenizer); the example's settings are what is tested
+    write_rows(make_textarena("TowerOfHanoi-v0", 4, seed=1), str(d / "textarena.parquet"))
+    out["textarena"] = str(d / "textarena.parquet")
     raw = d / "gsm8k.jsonl"
     raw.write_text("".join(json.dumps({"question": f"Tom has {i} apples and buys 2 more. How many?",
                                        "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}) + "\n" for i in range(8)))
@@ -53,6 +60,7 @@ CASES = {
     "grpo_gsm8k.yaml": ("gsm8k", ["actor/kl_loss"]),
     "grpo_arith_async.yaml": ("arith", ["rollout/staleness/max", "rollout_corr/rollout_is_mean",
                                         "timing_s/weight_sync", "async/overlap_fraction"]),
+    "grpo_textarena_guess.yaml": ("textarena", ["env/win_rate", "env/invalid_moves/mean", "multi_turn/num_turns/mean"]),
     "grpo_arith_tool.yaml": ("arith", ["multi_turn/num_turns/mean", "tool/calls/mean", "tool/parse_errors",
                                        "response_length/observation_tokens/mean"]),
 }
@@ -138,6 +146,30 @@ def test_environment_config_trains_one_iteration(prefect_api, ray_cluster, task_
     # GuessEnv gives -0.1 per wrong guess and +1 for the target 7: random tiny-model text scores in [-0.2, 1]
     assert -0.2 - 1e-6 <= metrics["critic/score/mean"] <= 1.0 and metrics["critic/score/mean"] != 0
     assert metrics["actor/weights_version"] == 1.0 or metrics.get("actor/update_skipped") == 1.0
+
+
+def test_a_textarena_game_trains_one_iteration(prefect_api, ray_cluster, tmp_path):
+    """`hybridflow data textarena` rows with rollout.environment=textarena: every trajectory plays
+    its row's game in the environment workers (no env_error), the game metrics are logged, and each
+    score is the game's reward (TowerOfHanoi: the share of disks moved, in [0, 1])."""
+    from flows.train import train
+    from hybridflow.data import write_rows
+    from hybridflow.data.tasks.textarena import make_textarena
+
+    games = str(tmp_path / "hanoi.parquet")
+    write_rows(make_textarena("TowerOfHanoi-v0", 4, seed=1), games)  # its opening fits the tiny model
+    ov = tiny_overrides(str(tmp_path / "runs"), games, games, **{
+        "trainer.run_id": "textarena", "trainer.total_iterations": "1",
+        "rollout.environment": "textarena", "rollout.max_response_tokens": "48",
+        "rollout.multi_turn.max_turns": "3", "rollout.multi_turn.max_tokens_per_turn": "6",
+    })
+    summary = train(overrides=ov)
+    metrics = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["metrics"]
+    assert metrics["env/errors"] == 0 and metrics["multi_turn/num_turns/max"] >= 1
+    assert 0.0 <= metrics["env/win_rate"] <= 1.0 and metrics["env/invalid_moves/mean"] >= 0.0
+    assert 0.0 <= metrics["critic/score/min"] <= metrics["critic/score/max"] <= 1.0
+    ended = metrics["multi_turn/finish/env_done"] + metrics["multi_turn/finish/max_turns"] + metrics["multi_turn/finish/length"]
+    assert ended == pytest.approx(1.0)
 
 
 def test_tools_pool_steps_the_environments_and_changes_nothing_else(prefect_api, ray_cluster, tmp_path):

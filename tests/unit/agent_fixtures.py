@@ -112,3 +112,36 @@ class PidLogEnv:
         with open(self.log, "a") as f:
             f.write(f"{os.getpid()} {os.getppid()}\n")
         return "noted", 0.5, False
+
+
+def _gym_env_base():
+    import gymnasium
+
+    return gymnasium.Env
+
+
+class StairsGym(_gym_env_base()):
+    """A Gymnasium environment (Discrete(3, start=1) actions): climb to step ``top`` by adding the
+    action each turn; reward 1 on reaching it exactly, terminated; overshooting ends it (truncated,
+    reward -1). The observation says where you stand."""
+
+    def __init__(self, top: int = 5) -> None:
+        from gymnasium import spaces
+
+        self.top = top
+        self.action_space = spaces.Discrete(3, start=1)
+        self.observation_space = spaces.Text(64)
+        self.pos = 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = int(self.np_random.integers(0, 2))
+        return f"you stand on step {self.pos} of {self.top}", {}
+
+    def step(self, action):
+        self.pos += int(action)
+        if self.pos == self.top:
+            return "top reached", 1.0, True, False, {}
+        if self.pos > self.top:
+            return "overshot", -1.0, False, True, {}
+        return f"you stand on step {self.pos} of {self.top}", 0.0, False, False, {}

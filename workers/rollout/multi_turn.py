@@ -68,6 +68,8 @@ class Trajectory:
     tool_timeouts: int = 0
     parse_errors: int = 0
     truncated: int = 0  # observations cut (bytes in the worker, or tokens here)
+    invalid_moves: int | None = None  # a game's invalid moves (info "invalid_moves"), None when never reported
+    won: float | None = None  # a game's outcome (info "won": 1 win, 0 not), None when never reported
 
     def append(self, ids: list[int], model: bool, logp: list[float] | None = None) -> None:
         self.ids += ids
@@ -262,6 +264,10 @@ class MultiTurnRollout:
         t.tool_errors += int(info.get("tool_errors", 0))
         t.tool_timeouts += int(info.get("tool_timeouts", 0))  # a tool's own limit (the python sandbox's)
         t.parse_errors += int(info.get("parse_errors", 0))
+        if "invalid_moves" in info:  # games (the textarena and gymnasium adapters; any environment may report them)
+            t.invalid_moves = (t.invalid_moves or 0) + int(info["invalid_moves"])
+        if "won" in info:
+            t.won = float(info["won"])
 
     # ---- requests to the environment pool ------------------------------------------------------
     def _reset_request(self, t: Trajectory, row: dict[str, Any]) -> EnvCall:
@@ -314,7 +320,9 @@ def _with_system(messages: list[dict[str, Any]], text: str | None) -> list[dict[
 def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> dict[str, float]:
     """multi_turn/num_turns/{mean,max}, multi_turn/finish/<reason> (fractions), tool/calls/mean,
     tool/<name>/calls (for ``tool_names``), tool/errors, tool/timeouts, tool/parse_errors, tool/truncated (counts),
-    env/errors, response_length/observation_tokens/mean, sandbox/walls (1/0: whether the ``python``
+    env/errors, response_length/observation_tokens/mean, env/invalid_moves/mean and env/win_rate (over the
+    trajectories whose environment reported ``invalid_moves`` / ``won`` in a step's info; absent when
+    none did), sandbox/walls (1/0: whether the ``python``
     tool's sandbox has its walls here; only with that tool) — over the trajectories of every rank
     (summed / maxed across a data-parallel group, like the policy's other generation metrics)."""
     from workers import distributed as D
@@ -326,7 +334,10 @@ def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> d
     local = [float(len(trajs)), sum(t.turns for t in trajs), sum(calls.values()), sum(t.tool_errors for t in trajs),
              sum(t.tool_timeouts for t in trajs), sum(t.parse_errors for t in trajs),
              sum(t.observation_tokens for t in trajs), *(sum(t.finish == r for t in trajs) for r in reasons),
-             *(calls[name] for name in tool_names), sum(t.truncated for t in trajs)]  # fmt: skip
+             *(calls[name] for name in tool_names),
+             sum(t.invalid_moves or 0 for t in trajs), sum(t.invalid_moves is not None for t in trajs),
+             sum(t.won or 0.0 for t in trajs), sum(t.won is not None for t in trajs),
+             sum(t.truncated for t in trajs)]  # fmt: skip
     sums = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
     top = float(D.all_reduce_max(torch.tensor([max((t.turns for t in trajs), default=0)], dtype=torch.float64))[0])
     n = max(sums[0], 1.0)
@@ -345,6 +356,11 @@ def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> d
         out[f"multi_turn/finish/{reason}"] = sums[7 + i] / n
     for i, name in enumerate(tool_names):
         out[f"tool/{name}/calls"] = sums[7 + len(reasons) + i]
+    invalid, reporting_invalid, won, reporting_won = sums[-5:-1]
+    if reporting_invalid:
+        out["env/invalid_moves/mean"] = invalid / reporting_invalid
+    if reporting_won:
+        out["env/win_rate"] = won / reporting_won
     if "python" in tool_names:
         from hybridflow.rewards.sandbox import walls_check
 
