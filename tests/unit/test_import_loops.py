@@ -30,7 +30,10 @@ ALLOWED_EDGES: dict[tuple[str, str], str] = {
        "registry pattern: the rule-reward registry imports its built-in rules lazily on first "
        "lookup; each rule module imports the registry to register itself"
        for rule in ("arith", "code", "countdown", "geo3k", "gsm8k", "math_dapo", "math_reward",
-                    "prime_math", "reasoning_gym", "search_qa")},
+                    "prime_math", "reasoning_gym", "search_qa", "environment")},
+    ("hybridflow.agents.environments", "hybridflow.agents.hubs"):
+        "registry pattern: the environment registry imports the hub adapters (textarena, gymnasium) "
+        "lazily on first lookup; they import it to register themselves",
     **{("workers.rollout.base", f"workers.rollout.{engine}"):
        "registry pattern: the rollout-engine registry imports the built-in engines lazily by "
        "name; each engine module imports the protocol and registry from base"
