@@ -7,7 +7,7 @@
   opening prompt and board first, then game messages, boards and invalid-move notices (the
   model's own move is already in the conversation). The reward is the game's: TextArena's
   ``close()`` reward of player 0, given once when the game ends (GuessTheNumber: 1 for a win,
-  otherwise how close the last guess was; a second invalid move ends a game). Word games that
+  otherwise how close the last guess was; two invalid moves in a row end a game). Word games that
   fetch NLTK corpora at ``reset`` (Wordle, Hangman...) cannot run offline.
 - :class:`GymnasiumEnvironment` (registered ``gymnasium``): any environment with Gymnasium's API
   (``reset(seed=) -> (obs, info)``, ``step(action) -> (obs, reward, terminated, truncated, info)``),

@@ -65,6 +65,12 @@ def test_an_invalid_move_is_counted_and_the_second_ends_the_game():
     assert second.reward == 0.0  # no guess was made: TextArena's completion share is 0
 
 
+def test_a_valid_move_between_two_invalid_ones_keeps_the_game_going_and_each_is_counted():
+    env = _reset(TextArenaEnvironment("GuessTheNumber-v0", seed=1))
+    moves = [normalise_step(env.step(t)) for t in ("no number", "[1]", "none again", "[2]")]
+    assert [m.info["invalid_moves"] for m in moves] == [1, 0, 1, 0] and not any(m.done for m in moves)
+
+
 def test_a_system_prompt_leads_the_opening():
     opening = TextArenaEnvironment("TowerOfHanoi-v0", seed=0, system_prompt="Be brief.").reset({})
     assert opening[0] == {"role": "system", "content": "Be brief."}
