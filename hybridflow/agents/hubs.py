@@ -68,6 +68,11 @@ def _kind(kind: Any) -> str:
     return getattr(kind, "name", str(kind))
 
 
+def _opening(system_prompt: str | None, text: str) -> list[dict[str, str]]:
+    """The conversation an adapter's ``reset`` starts: an optional system message, then ``text`` as the user's."""
+    return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": text}]
+
+
 def _render(messages: list[tuple[int, str, Any]]) -> str:
     """A TextArena player's new messages as one text: what the game said (not the player's own move)."""
     return "\n".join(m.strip() for _, m, kind in messages if _kind(kind) in _SHOWN_TYPES and m.strip())
@@ -92,7 +97,6 @@ class TextArenaEnvironment:
         self.game: Any = None
         self.turns = 0
 
-
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         self.game = make_textarena_game(self.env_id)
         try:
@@ -101,8 +105,7 @@ class TextArenaEnvironment:
             raise AgentLoadError(f"env_kwargs.env_id={self.env_id!r}: reset for one player failed ({type(e).__name__}: "
                                  f"{e}); only single-player games are played") from e  # fmt: skip
         self.turns = 0
-        opening = [{"role": "user", "content": _render(self.game.get_observation()[1])}]
-        return ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + opening
+        return _opening(self.system_prompt, _render(self.game.get_observation()[1]))
 
     def step(self, text: str) -> StepResult:
         if self.game is None:
@@ -121,7 +124,6 @@ class TextArenaEnvironment:
         info = {"invalid_moves": invalid, "turns": self.turns, "won": float(reward >= 1.0)}
         reason = (game_info or {}).get(0, {}).get("reason")
         return StepResult(reason or observation or None, reward, True, info)
-
 
 
 def _last_int(text: str) -> int | None:
@@ -162,16 +164,10 @@ class GymnasiumEnvironment:
         except gymnasium.error.Error as e:
             raise AgentLoadError(f"env_kwargs.env_id={self.env_id!r}: {e}") from e
 
-    @staticmethod
-    def _text(obs: Any) -> str:
-        return obs if isinstance(obs, str) else str(obs)
-
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         self.env = self._make()
         obs, _ = self.env.reset(seed=self.seed)
-        first = self._text(obs) if not self.instructions else f"{self.instructions}\n{self._text(obs)}"
-        return ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
-            {"role": "user", "content": first}]
+        return _opening(self.system_prompt, f"{self.instructions}\n{obs}" if self.instructions else str(obs))
 
     def _action(self, text: str) -> tuple[Any, str | None]:
         """The Gymnasium action for the model's text, or (None, why it is invalid)."""
@@ -196,4 +192,4 @@ class GymnasiumEnvironment:
             return StepResult(why, self.invalid_action_reward, False, {"invalid_moves": 1})
         obs, reward, terminated, truncated, _ = self.env.step(action)
         done = bool(terminated or truncated)
-        return StepResult(self._text(obs), float(reward), done, {"invalid_moves": 0, "truncated": int(bool(truncated))})
+        return StepResult(str(obs), float(reward), done, {"invalid_moves": 0, "truncated": int(bool(truncated))})
