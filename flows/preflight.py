@@ -248,9 +248,24 @@ def preflight(cfg: ExperimentConfig) -> dict[str, float]:
     check_inputs(cfg)  # model files, data encoding, free space (flows/preflight_inputs.py)
     data = load_datasets(cfg)
     check_reward_function(cfg)
+    check_harness_tasks(cfg)
     return data.report
+
+
+def check_harness_tasks(cfg: ExperimentConfig) -> None:
+    """``trainer.eval``'s harness is installed at its version and its tasks resolve and load offline
+    (:func:`hybridflow.evals.harness.check_tasks`), so an evaluation scheduled for iteration 50 does not
+    fail there. Raises PreflightError naming trainer.eval."""
+    if not cfg.trainer.eval.enabled:
+        return
+    from hybridflow.evals.harness import HarnessError, check_tasks
+
+    try:
+        check_tasks(cfg.trainer.eval.tasks, cfg.trainer.eval.include_path)
+    except HarnessError as e:
+        raise PreflightError(f"trainer.eval: {e}") from None
 
 
 __all__ = ["PreflightError", "Datasets", "preflight", "check_run_dir", "check_engine", "check_models",
            "check_context_length", "check_group_size", "load_datasets", "check_reward_function",
-           "check_resume_folder", "check_placement", "preflight_run"]
+           "check_resume_folder", "check_placement", "preflight_run", "check_harness_tasks"]

@@ -19,9 +19,11 @@ from hybridflow.config import ExperimentConfig
 
 
 def pools_for(cfg: ExperimentConfig, roles: Collection[str] | None) -> list[str]:
-    """The names of the pools of ``cfg.placement.pools`` that hold any of ``roles`` (None: all),
-    in config order."""
-    return [name for name, p in cfg.placement.pools.items() if roles is None or set(p.roles) & set(roles)]
+    """The names of the pools of ``cfg.placement.pools`` that hold any of ``roles`` (None: all but the
+    evaluator's, which only a harness evaluation starts, with the checkpoint it evaluates), in config order."""
+    if roles is None:
+        return [name for name, p in cfg.placement.pools.items() if p.roles != ["evaluator"]]
+    return [name for name, p in cfg.placement.pools.items() if set(p.roles) & set(roles)]
 
 
 @contextmanager

@@ -242,6 +242,8 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     kwargs: dict = {"runtime_env": {"env_vars": env_vars}, "include_dashboard": False, "namespace": "hybridflow",
                     **ray_init_options()}
     needed = sum(p.workers * p.cpus_per_worker for p in cfg.placement.pools.values())
+    if cfg.trainer.eval.enabled and not any("evaluator" in p.roles for p in cfg.placement.pools.values()):
+        needed += cfg.trainer.eval.cpus  # the harness evaluations' pool (flows/harness_eval.py)
     num_cpus = cfg.placement.ray_num_cpus or max(float(os.cpu_count() or 1), needed)
     num_gpus = sum(p.workers * p.gpus_per_worker for p in cfg.placement.pools.values())
     start_ray(address=cfg.placement.ray_address, num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)

@@ -20,6 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
 from flows.feeds import Feed, open_feed
+from flows.harness_schedule import HarnessSchedule
 from flows.iteration import IterationResult, build_dataflow, call_iteration, flow_input_values
 from flows.observe import RunObserver
 from flows.run_pools import open_pools
@@ -210,14 +211,17 @@ def _check_update(cfg: ExperimentConfig, trainer: TrainerState, out: IterationRe
 
 
 def _checkpoint(cfg: ExperimentConfig, state: RunSession, run: RunContext, observer: RunObserver, feed: Feed,
-                final: bool = False) -> None:
+                evals: HarnessSchedule, final: bool = False) -> None:
     """Checkpoint iteration ``run.iteration`` with what the feed has in flight (waited for and
-    recorded in the trainer state, so a resume trains on them as this run would)."""
+    recorded in the trainer state, so a resume trains on them as this run would); then start its
+    harness evaluation when one is due (``trainer.eval``; training does not wait for it)."""
     trainer_state = state.trainer_state(run.iteration)
     trainer_state.rollouts = feed.in_flight()
     _submit(cfg, checkpoint, run=run, trainer_state=trainer_state.to_dict())
     state.last_checkpoint_iteration = run.iteration
-    observer.checkpoint_saved(run.iteration, final=final or run.iteration == cfg.trainer.total_iterations)
+    final = final or run.iteration == cfg.trainer.total_iterations
+    observer.checkpoint_saved(run.iteration, final=final)
+    evals.checkpoint_saved(run.iteration, final=final)
 
 
 def _report_data(state: RunSession, tracker: Tracker) -> None:
@@ -299,7 +303,7 @@ def _feed(state: RunSession, base: RunContext) -> Feed:
     return open_feed(state.cfg, state.prompts, state.trainer, submit, take)
 
 
-def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver) -> None:
+def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver, evals: HarnessSchedule) -> None:
     """Validate before training, run the iterations (validating and checkpointing on schedule),
     then the final checkpoint and validation when the data ran out before total_iterations."""
     from flows.iteration import iteration
@@ -319,9 +323,9 @@ def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver) -> N
         if cfg.trainer.val_every and it % cfg.trainer.val_every == 0:
             _validate(cfg, state, base.with_iteration(it), tracker, observer)
         if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == cfg.trainer.total_iterations:
-            _checkpoint(cfg, state, base.with_iteration(it), observer, feed)
+            _checkpoint(cfg, state, base.with_iteration(it), observer, feed, evals)
     if state.last_iteration > state.last_checkpoint_iteration:  # data ran out before total_iterations
-        _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, feed, final=True)
+        _checkpoint(cfg, state, base.with_iteration(state.last_iteration), observer, feed, evals, final=True)
     if cfg.trainer.val_every and state.last_val_iteration != state.last_iteration and state.val_prompts:
         _validate(cfg, state, base.with_iteration(state.last_iteration), tracker, observer)
 
@@ -341,6 +345,7 @@ def train(
     flow_run_id = str(prefect_flow_run.id or "")
     state, tracker = _open(_resolve_config(config, config_path, overrides), resume, flow_run_id)
     observer = RunObserver(state, tracker, flow_run_id)
+    evals = HarnessSchedule(state.cfg, state.run_dir, tracker.run_id)
     status = "FAILED"
     try:
         build_dataflow(state.cfg)  # a bad trainer.dataflow is a ConfigError now, before any model loads
@@ -348,17 +353,21 @@ def train(
         with open_pools(state.cfg, namespace=state.namespace, ckpt_root=state.dir.checkpoints,
                         keep=state.cfg.placement.keep_pools):
             state.prepare_validation()  # after the pools are up, as the run always did
-            _train_loop(state, tracker, observer)
+            _train_loop(state, tracker, observer, evals)
+            harness = evals.finish(wait=True, logger=get_run_logger())  # the evaluator pools need Ray up
         status = "FINISHED"
     except BaseException as e:  # NaN guard, a failed node, Ctrl-C: a run.stopped event with the reason
         observer.stopped(e)
         raise
     finally:
+        evals.finish(wait=False, logger=None)  # a stopped run does not wait for evaluations not begun
         observer.close()
         tracker.log_curves()
         tracker.finish(status)
         state.close()  # the folder's lock (the CLI, when it started the run, holds its own until it exits)
     summary = state.summary()
+    if evals.enabled:
+        summary["harness_eval"] = harness
     observer.finished(summary)
     state.dir.write_summary(summary)
     get_run_logger().info("summary: %s", json.dumps(summary))

@@ -1,5 +1,7 @@
 """``hybridflow eval --model PATH_OR_RUN_CHECKPOINT [-c CONFIG] [--data FILES...] [--samples N]
 [--max-prompts N] [key=value ...]``: accuracy of a model or checkpoint, per data source.
+``hybridflow eval --harness lm-eval --tasks NAME[,...] [--include-path DIR] [--limit N] --model ...``:
+the same target on lm-eval tasks (:mod:`flows.harness_eval`).
 
 ``--model`` is a run directory (its latest checkpoint, or ``--step N``), a checkpoint folder
 (``runs/<id>/checkpoints/iter_000010``, or ``.../checkpoints/latest``), or any model
@@ -37,6 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", default=None, help="checkpoint step of a run dir: N or 'latest' (default: latest)")
     p.add_argument("--prefect-home", default=None, help="where a local Prefect server keeps its SQLite db")
     p.add_argument("--json", action="store_true", help="also print the full result as JSON")
+    h = p.add_argument_group("standard harness (docs/evaluation.md)")
+    h.add_argument("--harness", choices=["lm-eval"], default=None,
+                   help="evaluate with a standard harness instead of the config's validation data")
+    h.add_argument("--tasks", default=None, metavar="NAME[,NAME...]",
+                   help="harness tasks (default: the config's trainer.eval.tasks)")
+    h.add_argument("--include-path", default=None, metavar="DIR",
+                   help="a folder of lm-eval task YAMLs (hybridflow data lm-eval-task writes them)")
+    h.add_argument("--limit", type=int, default=None, metavar="N", help="the first N documents of each task")
+    h.add_argument("--no-chat-template", action="store_true",
+                   help="prompt without the model's chat template (lm-eval's own default)")
     add_overrides(p, "rollout.max_response_tokens=128")
 
 
@@ -82,7 +94,70 @@ def print_table(summary: dict[str, Any]) -> None:
     console.print(f"Prefect flow run: {summary.get('prefect_flow_run_id')}")
 
 
+def harness_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The harness-evaluate flow's parameters from the command line. Raises ValueError for
+    arguments of the other mode (--data, --samples) or a bad --limit."""
+    from flows.eval_plan import target_of
+
+    if args.data or args.samples != 1 or args.max_prompts is not None or args.temperature is not None:
+        raise ValueError("--data, --samples, --max-prompts and --temperature evaluate the config's validation data; "
+                         "with --harness the tasks say what is generated (--tasks, --limit)")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    kwargs = target_of(args.model, args.step)
+    if args.config:
+        kwargs["config_path"] = args.config
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    return {**kwargs, "overrides": list(args.overrides), "tasks": tasks, "include_path": args.include_path,
+            "limit": args.limit, "apply_chat_template": False if args.no_chat_template else None}
+
+
+def print_harness_table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    for name in ("task", "metric", "value", "documents"):
+        table.add_column(name, justify="left" if name in ("task", "metric") else "right")
+    for key in sorted(summary["metrics"]):
+        _, task, metric = key.split("/", 2)
+        table.add_row(task, metric, f"{summary['metrics'][key]:.4f}", str(summary["n_samples"].get(task, "")))
+    console = Console()
+    console.print(f"{summary['evaluated']}: lm-eval, chat template {'on' if summary['apply_chat_template'] else 'off'}, "
+                  f"{summary['eval_s']:.1f} s", highlight=False)
+    console.print(table)
+    console.print(f"results and samples: {summary['eval_dir']}")
+    console.print(f"MLflow run:  {summary.get('mlflow_run_id')}")
+    console.print(f"Prefect flow run: {summary.get('prefect_flow_run_id')}")
+
+
+def run_harness(args: argparse.Namespace) -> int:
+    from flows.eval_plan import plan_harness_evaluation
+
+    try:
+        kwargs = harness_kwargs(args)
+        plan = {k: kwargs.get(k) for k in ("run_dir", "checkpoint", "model", "config_path", "overrides")}
+        _, cfg = plan_harness_evaluation(**{k: v for k, v in plan.items() if v is not None}, eval_overrides={
+            k: kwargs[k] for k in ("tasks", "include_path", "limit", "apply_chat_template")})
+    except (ValueError, FileNotFoundError) as e:  # HarnessError and ConfigError are ValueErrors
+        print(e if str(e).startswith(("error:", "config error:")) else f"error: {e}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from flows.services import services
+
+    with services(cfg, prefect_home=args.prefect_home, ray=True, reaper=True):
+        from flows.harness_eval import harness_evaluate
+
+        summary = harness_evaluate(**kwargs)
+        print_harness_table(summary)
+        if args.json:
+            print(json.dumps(summary, indent=2, default=str))
+        return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.harness:
+        return run_harness(args)
     from flows.eval_plan import plan_evaluation
     from flows.preflight_inputs import preflight_eval
 

@@ -141,6 +141,10 @@ class ExperimentConfig(_Section):
         for role in set(roles):
             if roles.count(role) > 1:
                 raise ValueError(f"placement.pools: role '{role}' is in more than one pool")
+        for name, pool in self.placement.pools.items():
+            if "evaluator" in pool.roles and pool.roles != ["evaluator"]:
+                raise ValueError(f"placement.pools.{name}: role 'evaluator' shares no process (it loads the checkpoint "
+                                 f"under evaluation): give it a pool of its own, roles: [evaluator]")
         for role in ("policy", "reward"):
             if role not in roles:
                 raise ValueError(f"placement.pools: no pool has role '{role}'")

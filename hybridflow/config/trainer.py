@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from hybridflow.config.base import (
     _Section,
 )
+from hybridflow.config.evaluation import HarnessEvalConfig
 
 
 class TrainerConfig(_Section):
@@ -22,6 +23,10 @@ class TrainerConfig(_Section):
     save_every: int = Field(5, ge=0, description="Checkpoint every N iterations (0 = only at the end).")
     val_every: int = Field(5, ge=0, description="Validate every N iterations (0 = never).")
     val_before_train: bool = Field(True, description="Validate the initial model.")
+    eval: HarnessEvalConfig = Field(
+        default_factory=HarnessEvalConfig, description="Standard-harness evaluations (lm-eval) of checkpoints during "
+        "training, each a flow run of its own on a pool of its own (docs/evaluation.md); off by default.",
+    )
     resume: Literal["never", "auto"] = Field("never", description="'auto' resumes the latest run in run_dir.")
     max_bad_updates: int = Field(3, gt=0, description="Stop after this many NaN/inf updates in a row.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where workers compute.")
@@ -93,6 +98,15 @@ class TrainerConfig(_Section):
     def _async_mode_from_yaml_bool(cls, v: object) -> object:
         # YAML 1.1 reads `async_mode: off` as False
         return "off" if v is False else v
+
+    @model_validator(mode="after")
+    def _eval_on_checkpoints(self) -> TrainerConfig:
+        every = self.eval.every
+        if every and (not self.save_every or every % self.save_every):
+            raise ValueError(f"trainer.eval.every={every} evaluates checkpoints, and trainer.save_every="
+                             f"{self.save_every} saves none at iteration {every}: make eval.every a multiple of "
+                             "save_every")
+        return self
 
     # ---- run directory URIs (issue 19) ----
     @field_validator("run_dir")

@@ -7,6 +7,7 @@
         [--config max_terms=3 ...] --out data/rg.parquet [--test-out data/rg_test.parquet --test-n 256]
     hybridflow data textarena --env GuessTheNumber-v0 --n 512 --seed 0 --out data/guess.parquet \
         [--test-out data/guess_test.parquet --test-n 64] [--system-prompt TEXT]
+    hybridflow data lm-eval-task --from data/arith/test.parquet --name arith_local --out evals/lm_eval
 
 No heavy imports at module top (``hybridflow --help`` imports this module).
 """
@@ -58,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--test-n", type=int, default=256, help="number of held-out games (default: 256)")
     for p in (g, a, c, r, t):
         p.add_argument("--out", "-o", required=True, help="output file: .parquet or .jsonl (any fsspec URI)")
+    e = sub.add_parser("lm-eval-task", help="a local lm-eval task (YAML + JSONL) from verl rows, for hybridflow eval --harness")
+    e.add_argument("--from", dest="source", required=True, metavar="FILE",
+                   help="verl-format rows (.parquet / .jsonl), e.g. data/arith/test.parquet")
+    e.add_argument("--name", required=True, help="the task name (letters, digits, _ and -)")
+    e.add_argument("--out", "-o", required=True, metavar="DIR", help="folder for <name>.yaml and <name>.jsonl")
+    e.add_argument("--limit", type=int, default=None, help="keep only the first N rows")
+    e.add_argument("--max-gen-toks", type=int, default=256, help="longest generated answer in tokens (default: 256)")
 
 
 def held_out(train: list, candidates: Iterable[dict], n: int) -> list:
@@ -80,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from hybridflow.data.io import DataFileError, write_rows
     from hybridflow.data.tasks import gsm8k_rows, make_arith, make_countdown
 
+    if args.task == "lm-eval-task":
+        return _lm_eval_task(args)
     if not args.out.endswith((".parquet", ".jsonl")):
         print(f"error: --out {args.out!r} must end in .parquet or .jsonl", file=sys.stderr)
         return 2
@@ -109,6 +119,25 @@ def run(args: argparse.Namespace) -> int:
     if rows:
         print(f"first prompt: {rows[0]['prompt'][-1]['content']}")
         print(f"ground truth: {rows[0]['reward_model']['ground_truth']}")
+    return 0
+
+
+def _lm_eval_task(args: argparse.Namespace) -> int:
+    """``hybridflow data lm-eval-task``: :func:`hybridflow.evals.lm_eval_tasks.write_local_task`."""
+    from hybridflow.data.io import DataFileError, read_records
+    from hybridflow.evals.lm_eval_tasks import write_local_task
+
+    try:
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        rows = read_records(args.source)[: args.limit]
+        task = write_local_task(rows, args.name, args.out, max_gen_toks=args.max_gen_toks)
+    except (ValueError, FileNotFoundError, DataFileError) as e:
+        print(f"error: {args.source}: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote lm-eval task {task.name!r} ({task.rows} documents, answers in {task.answer_format}) to "
+          f"{task.yaml_path} and {task.docs_path}")
+    print(f"run it: hybridflow eval --harness lm-eval --tasks {task.name} --include-path {args.out} --model MODEL")
     return 0
 
 
