@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-reasoning-gym test test-slow test-cluster test-vllm test-chaos test-chaos-short setup-vllm install lint clean
+.PHONY: demo demo-reasoning-gym lm-eval-tasks test test-slow test-cluster test-vllm test-chaos test-chaos-short setup-vllm install lint clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=...)"; exit 1; }
@@ -28,6 +28,15 @@ $(ARITH): | $(STAMP)
 
 demo: $(STAMP) $(ARITH)
 	$(BIN)/hybridflow train -c examples/grpo_arith.yaml
+
+# local lm-eval tasks (docs/evaluation.md): the held-out arith split as `arith_local` (64 generated tokens: the demo
+# answers in 48), read by hybridflow eval --harness lm-eval and examples/grpo_arith_lmeval.yaml
+LMEVAL := evals/lm_eval/arith_local.yaml
+$(LMEVAL): $(ARITH) | $(STAMP)
+	$(BIN)/hybridflow data lm-eval-task --from data/arith/test.parquet --name arith_local --out evals/lm_eval \
+		--max-gen-toks 64
+
+lm-eval-tasks: $(LMEVAL)
 
 # the reasoning-gym example: chain_sum, two terms of one or two digits (docs/data.md, "reasoning-gym")
 RGYM := data/reasoning_gym/train.parquet

@@ -127,10 +127,13 @@ def harness_evaluate(
     limit: int | None = None,
     apply_chat_template: bool | None = None,
     mlflow_run_id: str | None = None,
+    log_to_training_run: bool = False,
 ) -> dict[str, Any]:
     """Evaluate checkpoint ``checkpoint`` of ``run_dir`` (under the run's config, or ``config_path``)
     or ``model`` on lm-eval ``tasks`` (default: the config's trainer.eval.tasks), reading task
-    YAMLs from ``include_path`` too, the first ``limit`` documents of each.
+    YAMLs from ``include_path`` too, the first ``limit`` documents of each. Metrics go to MLflow run
+    ``mlflow_run_id``, or with ``log_to_training_run`` to the MLflow run of ``run_dir``'s training
+    (what the scheduled ``lm-eval-latest`` deployment does), else to a run of their own.
 
     Returns {"evaluated", "model_path", "run_dir", "step", "tasks", "metrics" ({"eval/<task>/<metric>":
     value}), "n_samples", "versions", "eval_s", "eval_dir", "mlflow_run_id", "prefect_flow_run_id"}.
@@ -142,6 +145,10 @@ def harness_evaluate(
     target, cfg = plan_harness_evaluation(run_dir, checkpoint, model, config_path, overrides, {
         "tasks": tasks, "include_path": include_path, "limit": limit, "apply_chat_template": apply_chat_template})
     logger = get_run_logger()
+    if log_to_training_run and not mlflow_run_id and target.run_dir:
+        from flows.run_dir import RunDir
+
+        mlflow_run_id = RunDir(target.run_dir).run_info().get("mlflow_run_id")
     run = _context(target, cfg)
     ev = cfg.trainer.eval
     logger.info("lm-eval %s on %s (limit %s) in %s", target.label, ",".join(ev.tasks), ev.limit, run.run_dir)

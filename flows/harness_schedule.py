@@ -1,6 +1,7 @@
 """Harness evaluations of a training's checkpoints (``trainer.eval``), run beside training.
 
-After the checkpoint of iteration ``it`` is saved, when ``it`` is a multiple of
+When a run starts, the initial model is evaluated at step 0 (``trainer.eval.before_train``). After
+the checkpoint of iteration ``it`` is saved, when ``it`` is a multiple of
 ``trainer.eval.every`` (and after the final checkpoint), the ``harness-evaluate`` flow
 (:mod:`flows.harness_eval`) is started on that checkpoint in a thread of the driver: a flow run
 of its own in the Prefect UI, on an evaluator pool of its own, logging ``eval/<task>/<metric>``
@@ -37,17 +38,29 @@ class HarnessSchedule:
         every = self.cfg.trainer.eval.every
         return self.enabled and iteration not in self.futures and (final or bool(every and iteration % every == 0))
 
+    def started(self, start_iteration: int) -> None:
+        """At the start of a run (not a resume), evaluate the initial model (``model.path``) at step 0
+        when ``trainer.eval.before_train``."""
+        if self.enabled and self.cfg.trainer.eval.before_train and start_iteration == 1 and 0 not in self.futures:
+            self._submit(0)
+
     def checkpoint_saved(self, iteration: int, final: bool) -> None:
         """Start the evaluation of the checkpoint just saved at ``iteration`` if it is due."""
-        if not self.due(iteration, final):
-            return
+        if self.due(iteration, final):
+            self._submit(iteration)
+
+    def _submit(self, iteration: int) -> None:
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="harness-eval")
         self.futures[iteration] = self._pool.submit(self._evaluate, iteration)
 
     def _evaluate(self, iteration: int) -> dict[str, Any]:
         from flows.harness_eval import harness_evaluate
+        from hybridflow.layout import CONFIG
 
+        if iteration == 0:  # the initial model under the run's config, logged at step 0
+            return harness_evaluate(model=self.cfg.model.path, config_path=f"{self.run_dir}/{CONFIG}",
+                                    mlflow_run_id=self.mlflow_run_id)
         return harness_evaluate(run_dir=self.run_dir, checkpoint=iteration, mlflow_run_id=self.mlflow_run_id)
 
     def finish(self, *, wait: bool, logger: Any) -> dict[str, Any]:

@@ -313,6 +313,7 @@ def _train_loop(state: RunSession, tracker: Tracker, observer: RunObserver, eval
     iteration_key = _subflow_key(iteration_flow)
     base = state.context(0)
     feed = _feed(state, base)
+    evals.started(state.start_iteration)  # the initial model's harness evaluation, beside training
     if cfg.trainer.val_before_train and state.start_iteration == 1:
         _validate(cfg, state, base, tracker, observer)
     for it in range(state.start_iteration, cfg.trainer.total_iterations + 1):

@@ -23,6 +23,9 @@ class HarnessEvalConfig(_Section):
         0, ge=0, description="Evaluate the checkpoint of every N-th iteration (a multiple of trainer.save_every, "
         "so the checkpoint exists); 0 = never. The final checkpoint is evaluated too when tasks are set.",
     )
+    before_train: bool = Field(
+        True, description="Evaluate the initial model (model.path) too, at step 0, when a run starts (not on resume).",
+    )
     include_path: str | None = Field(None, description="A folder of lm-eval task YAMLs (the local tasks).")
     limit: int | None = Field(None, gt=0, description="The first N documents of each task (None = all).")
     batch_size: int = Field(8, gt=0, description="Prompts per generate call in lm-eval's HFLM.")

@@ -69,7 +69,9 @@ CASES = {
 # examples run by another suite: the vLLM one needs the vLLM runtime (make test-vllm)
 COVERED_ELSEWHERE = {"grpo_arith_vllm.yaml": Path(__file__).resolve().parents[1] / "vllm" / "driver" / "test_train_vllm.py",
                      # the documented stream command trains it one iteration (and tests/vllm on vLLM)
-                     "grpo_arith_stream.yaml": Path(__file__).resolve().parent / "test_cli_commands.py"}
+                     "grpo_arith_stream.yaml": Path(__file__).resolve().parent / "test_cli_commands.py",
+                     # trains with a local lm-eval task it writes first
+                     "grpo_arith_lmeval.yaml": Path(__file__).resolve().parent / "test_harness_eval.py"}
 
 
 def test_every_example_is_covered():

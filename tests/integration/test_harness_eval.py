@@ -13,6 +13,8 @@ from tests.integration.conftest import tiny_overrides
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
 
 def _flow_runs_named(prefix: str) -> list:
     import asyncio
@@ -29,6 +31,7 @@ def _flow_runs_named(prefix: str) -> list:
 
 def test_training_evaluates_its_checkpoints_with_lm_eval_and_the_cli_agrees(prefect_api, ray_cluster, arith_files,
                                                                             tmp_path):
+    """examples/grpo_arith_lmeval.yaml on the tiny model for 2 iterations, evaluating every checkpoint."""
     import mlflow
 
     from flows.train import train
@@ -37,29 +40,31 @@ def test_training_evaluates_its_checkpoints_with_lm_eval_and_the_cli_agrees(pref
 
     train_file, val_file = arith_files
     tasks = tmp_path / "lm_eval"
-    write_local_task(read_records(val_file), "arith_tiny", tasks, max_gen_toks=8)
+    write_local_task(read_records(val_file), "arith_local", tasks, max_gen_toks=8)  # the example's task name
     ov = tiny_overrides(str(tmp_path / "runs"), train_file, val_file, **{
         "trainer.run_id": "tiny-lmeval", "trainer.total_iterations": "2", "trainer.save_every": "1",
-        "trainer.eval.tasks": "[arith_tiny]", "trainer.eval.include_path": str(tasks), "trainer.eval.every": "1",
-        "trainer.eval.cpus": "0.5", "placement.pools.main.cpus_per_worker": "1",
-        "placement.pools.reward.cpus_per_worker": "0.25"})
-    summary = train(overrides=ov)
+        "trainer.val_every": "0", "trainer.val_before_train": "false",
+        "trainer.eval.include_path": str(tasks), "trainer.eval.every": "1", "trainer.eval.cpus": "0.5",
+        "placement.pools.main.cpus_per_worker": "1", "placement.pools.reward.cpus_per_worker": "0.25"})
+    summary = train(config_path=str(EXAMPLES / "grpo_arith_lmeval.yaml"), overrides=ov)
     run_dir = Path(summary["run_dir"])
-    key = "eval/arith_tiny/exact_match_boxed"
+    key = "eval/arith_local/exact_match_boxed"
     assert summary["harness_eval"]["failed"] == {}
-    assert sorted(summary["harness_eval"]["evaluated"]) == [1, 2]
+    assert sorted(summary["harness_eval"]["evaluated"]) == [0, 1, 2]  # the initial model, then each checkpoint
     assert all(set(m) == {key} for m in summary["harness_eval"]["evaluated"].values())
 
-    # one eval folder per checkpoint, each with every document's sample
+    # one eval folder per checkpoint (the initial model's beside the run), each with every document's sample
     folders = {json.loads((d / "harness.json").read_text())["step"]: d for d in run_dir.glob("evals/harness-*")}
     assert sorted(folders) == [1, 2]
+    (initial,) = (tmp_path / "runs" / "evals").glob("harness-*")
+    assert json.loads((initial / "harness.json").read_text())["model_path"] == "tiny"
     samples = [json.loads(line) for line in (folders[1] / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 4 and {s["task"] for s in samples} == {"arith_tiny"}
+    assert len(samples) == 4 and {s["task"] for s in samples} == {"arith_local"}
 
-    # the training's MLflow run has the metric at the checkpoints' iterations, and the samples as artifacts
+    # the training's MLflow run has the metric at steps 0, 1, 2, and the samples as artifacts
     client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'runs'}/mlflow.db")
     history = client.get_metric_history(summary["mlflow_run_id"], key)
-    assert sorted(m.step for m in history) == [1, 2]
+    assert sorted(m.step for m in history) == [0, 1, 2]
     arts = {a.path for a in client.list_artifacts(summary["mlflow_run_id"], "lm_eval/iter_000001")}
     assert {"lm_eval/iter_000001/harness.json", "lm_eval/iter_000001/samples.jsonl"} <= arts
 
@@ -67,7 +72,7 @@ def test_training_evaluates_its_checkpoints_with_lm_eval_and_the_cli_agrees(pref
     assert len(_flow_runs_named("lm-eval-tiny-lmeval")) == 2
 
     # the CLI on checkpoint 1: same model, same greedy generations as the evaluation during training
-    assert main(["eval", "--harness", "lm-eval", "--model", str(run_dir), "--step", "1", "--tasks", "arith_tiny",
+    assert main(["eval", "--harness", "lm-eval", "--model", str(run_dir), "--step", "1", "--tasks", "arith_local",
                  "--include-path", str(tasks)]) == 0
     newest = max(run_dir.glob("evals/harness-*"), key=lambda d: d.stat().st_mtime)
     again = [json.loads(line) for line in (newest / "samples.jsonl").read_text().splitlines()]

@@ -86,7 +86,7 @@ def test_prefect_yaml_passes_prefects_own_validation():
 
     raw = _load(PREFECT_YAML)
     model = PrefectYamlModel.model_validate(raw)  # raises on an unknown shape
-    assert [d.name for d in model.deployments] == ["train", "evaluate-nightly", "continue-training"]
+    assert [d.name for d in model.deployments] == ["train", "evaluate-nightly", "lm-eval-latest", "continue-training"]
     assert raw["prefect-version"] == _pins()["prefect"]
     for dep in raw["deployments"]:
         for sched in dep.get("schedules") or []:
@@ -125,7 +125,7 @@ def _flow_params(path: Path, func: str) -> list[str]:
     raise AssertionError(f"{path} defines no top-level function {func!r}")
 
 
-@pytest.mark.parametrize("name", ["train", "evaluate-nightly", "continue-training"])
+@pytest.mark.parametrize("name", ["train", "evaluate-nightly", "lm-eval-latest", "continue-training"])
 def test_prefect_yaml_entrypoint_exists_and_takes_the_parameters(name):
     # Fails until the flow file exists: the deployment would fail the same way at `prefect deploy`.
     dep = _deployments()[name]
@@ -147,6 +147,10 @@ def test_train_deployment_config_is_a_valid_experiment_config():
     assert deps["evaluate-nightly"]["parameters"]["run_dir"] == run_dir
     assert deps["evaluate-nightly"]["parameters"]["checkpoint"] == "latest"
     assert deps["evaluate-nightly"]["parameters"]["data_files"] == cfg.data.val_files
+    lm_eval = deps["lm-eval-latest"]["parameters"]
+    assert (lm_eval["run_dir"], lm_eval["checkpoint"], lm_eval["log_to_training_run"]) == (run_dir, "latest", True)
+    (hourly,) = deps["lm-eval-latest"]["schedules"]
+    assert hourly["interval"] == 3600 and hourly["active"] is False
     cont = deps["continue-training"]["parameters"]
     assert cont["resume"] == run_dir
     total = parse_overrides(cont["overrides"])["trainer"]["total_iterations"]
