@@ -144,8 +144,12 @@ def check_tasks(tasks: list[str], include_path: str | None) -> dict[str, int]:
         if path is not None and path not in _LOCAL_BUILDERS and not os.path.isdir(path):
             raise HarnessError(f"lm-eval task {name!r} reads dataset {path!r} from the Hugging Face hub: no network "
                                "at run time; write a local task (hybridflow data lm-eval-task) instead")
+    import datasets
     from lm_eval.tasks import get_task_dict
 
+    quiet = not datasets.utils.are_progress_bars_disabled()
+    if quiet:
+        datasets.disable_progress_bars()  # a check before a run starts prints nothing of its own
     with _offline():
         try:
             loaded = get_task_dict(tasks, tm)
@@ -154,6 +158,9 @@ def check_tasks(tasks: list[str], include_path: str | None) -> dict[str, int]:
             raise HarnessError(f"lm-eval tasks {','.join(tasks)} do not load offline ({type(e).__name__}: "
                                f"{first[:200]}); tasks here must read local files (dataset_path: json + "
                                "dataset_kwargs.data_files, see hybridflow data lm-eval-task)") from None
+        finally:
+            if quiet:
+                datasets.enable_progress_bars()
     return {name: len(task.eval_docs) for name, task in _leaf_tasks(loaded).items()}
 
 
