@@ -112,7 +112,7 @@ def check_judge(cfg: ExperimentConfig) -> None:
     if context is None:
         return
     least = len(judge_prompt_ids(tokenizer, render_rubric(judge.rubric, "", "", None),
-                                 apply_chat_template=judge.apply_chat_template))
+                                 apply_chat_template=judge.apply_chat_template, prefix=judge.verdict_prefix))
     if least + judge.max_new_tokens > context:
         raise PreflightError(
             f"reward.judge.rubric is {least} judge tokens with an empty prompt and response; + "

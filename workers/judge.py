@@ -64,7 +64,7 @@ class JudgeWorker:
 
     def _prompt_rows(self, batch: Batch) -> list[list[int]]:
         """Each row's judge input ids: the rubric rendered with its prompt (chat messages as their
-        contents), response and ground truth, in the judge's chat template."""
+        contents), response and ground truth, in the judge's chat template, + ``verdict_prefix``."""
         from hybridflow.models.reward_model import prompt_text
         from hybridflow.rewards.judge import judge_prompt_ids, render_rubric
 
@@ -75,8 +75,9 @@ class JudgeWorker:
         prompts = [prompt_text(p) for p in row_prompts(self.policy_tokenizer, batch)]
         truths = batch.non_tensors.get("ground_truth") or [None] * n
         responses = response_texts(self.policy_tokenizer, batch)
-        return [judge_prompt_ids(self.tokenizer, render_rubric(self.judge_cfg.rubric, p, r, t),
-                                 apply_chat_template=self.judge_cfg.apply_chat_template)
+        j = self.judge_cfg
+        return [judge_prompt_ids(self.tokenizer, render_rubric(j.rubric, p, r, t),
+                                 apply_chat_template=j.apply_chat_template, prefix=j.verdict_prefix)
                 for p, r, t in zip(prompts, responses, truths, strict=True)]  # fmt: skip
 
     def fits(self, prompt_tokens: int) -> bool:
@@ -111,7 +112,8 @@ class JudgeWorker:
     @dispatch("dp_scatter")
     def judge_responses(self, batch: Batch, *, seed: int) -> Batch:
         """Adds non-tensors ``judge_score`` (float in [0, 1] = N / max_score, or None), ``judge_failure``
-        (None | "unparsed" | "overlong") and ``judge_verdict`` (the judge's text; "" when not generated).
+        (None | "unparsed" | "overlong") and ``judge_verdict`` (``reward.judge.verdict_prefix``
+        + the judge's text; "" when not generated).
 
         Input: response_ids/response_mask (decoded with the policy tokenizer), raw_chat / raw_prompt
         (else prompt_ids), ground_truth when the rubric uses it. Rows over the judge's context are not
@@ -129,7 +131,7 @@ class JudgeWorker:
         n = len(batch)
         verdicts, verdict_tokens = [""] * n, [0] * n
         for i, text, length in zip(todo, texts, lengths, strict=True):
-            verdicts[i], verdict_tokens[i] = text, int(length)
+            verdicts[i], verdict_tokens[i] = self.judge_cfg.verdict_prefix + text, int(length)
         generated = set(todo)
         scores = [judge_score(v, self.judge_cfg.verdict, self.judge_cfg.max_score) if i in generated else None
                   for i, v in enumerate(verdicts)]  # fmt: skip

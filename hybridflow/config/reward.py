@@ -88,6 +88,12 @@ class JudgeConfig(_Section):
         description="How the verdict is read: 'score_line' = the last 'Score: N' (or 'Score: N/M'); "
         "'score_tag' = the last <score>N</score>. N outside [0, max_score] or absent = unparsed.",
     )
+    verdict_prefix: str = Field(
+        "",
+        description="Text the judge's reply is made to start with (written after the chat template's generation "
+        "prompt, e.g. 'Score:'), so a small judge that does not keep to the rubric's format still answers in it; "
+        "the parser reads this prefix + the generated text.",
+    )
     max_score: float = Field(10.0, gt=0, description="The top of the rubric's scale; the judge score is N / max_score.")
     weight: float = Field(
         1.0, ge=0, description="Multiplier of the judge score: 'add' → score + weight·judge; 'replace' → weight·judge."

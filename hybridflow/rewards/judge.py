@@ -66,16 +66,17 @@ def render_rubric(rubric: str, prompt: str, response: str, ground_truth: str | N
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], rubric)
 
 
-def judge_prompt_ids(tokenizer: Any, text: str, *, apply_chat_template: bool) -> list[int]:
+def judge_prompt_ids(tokenizer: Any, text: str, *, apply_chat_template: bool, prefix: str = "") -> list[int]:
     """The judge's input ids for a rendered rubric: one user turn of ``tokenizer``'s chat template with
     the generation prompt (when ``apply_chat_template`` and the tokenizer has a template), else the
-    plain text with the tokenizer's usual special tokens."""
+    plain text with the tokenizer's usual special tokens; then ``prefix`` (the start of the judge's
+    reply, ``reward.judge.verdict_prefix``)."""
     if apply_chat_template and getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
-        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        return list(tokenizer(rendered + prefix, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text + prefix, add_special_tokens=True)["input_ids"])
 
 
 def judge_rule_agreement(judge_scores: Sequence[float | None], rule_scores: Sequence[float]) -> float | None:

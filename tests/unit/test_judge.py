@@ -246,6 +246,20 @@ def test_verdicts_become_scores_and_failures_by_hand(judge_worker):
     ]
 
 
+def test_the_verdict_prefix_ends_the_prompt_and_starts_the_verdict(judge_worker):
+    w = judge_worker
+    real, cfg = w.engine, w.judge_cfg
+    w.engine = fake = _FixedVerdicts(w.tokenizer, [" 1", " no"])
+    w.judge_cfg = cfg.model_copy(update={"verdict_prefix": "Score:"})
+    try:
+        out = w.judge_responses(_rows(w, QUESTIONS[:2], RESPONSES[:2]), seed=0)
+    finally:
+        w.engine, w.judge_cfg = real, cfg
+    assert [w.tokenizer.decode(p)[-len("assistant\nScore:") :] for p in fake.prompts] == ["assistant\nScore:"] * 2
+    assert out["judge_verdict"] == ["Score: 1", "Score: no"]
+    assert out["judge_score"] == [0.25, None]  # 1 / max_score 4; "no" is not a number
+
+
 def test_a_row_over_the_judge_context_is_counted_not_generated(judge_worker):
     w = judge_worker
     real = w.engine
