@@ -255,7 +255,8 @@ def test_the_verdict_prefix_ends_the_prompt_and_starts_the_verdict(judge_worker)
         out = w.judge_responses(_rows(w, QUESTIONS[:2], RESPONSES[:2]), seed=0)
     finally:
         w.engine, w.judge_cfg = real, cfg
-    assert [w.tokenizer.decode(p)[-len("assistant\nScore:") :] for p in fake.prompts] == ["assistant\nScore:"] * 2
+    ending = "<|im_start|>assistant\nScore:"  # the generation prompt, then the prefix
+    assert [w.tokenizer.decode(p)[-len(ending) :] for p in fake.prompts] == [ending, ending]
     assert out["judge_verdict"] == ["Score: 1", "Score: no"]
     assert out["judge_score"] == [0.25, None]  # 1 / max_score 4; "no" is not a number
 
