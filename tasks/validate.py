@@ -35,8 +35,9 @@ MULTI_TURN_PREFIXES = ("tool/", "multi_turn/", "env/")
 
 @node(name="validate", retries=1, roles=("policy", "reward", "judge"))
 def validate(run: RunContext, val_prompts: Batch, policy_version: int | None = None) -> tuple[Batch, dict]:
-    """Returns the scored validation generations, val-core metrics and (multi-turn) the tool metrics
-    as val-aux/tool/..., val-aux/multi_turn/.... policy_version: the
+    """Returns the scored validation generations, val-core metrics, (multi-turn) the tool metrics
+    as val-aux/tool/..., val-aux/multi_turn/... and (reward.judge) the judge's as val-aux/judge/...,
+    val-aux/judge_unparsed, val-aux/judge_rule_agreement.... policy_version: the
     weights_version to evaluate (a restarted worker is brought to it first)."""
     cfg = run.cfg()
     policy = pool_of(run, "policy", at_version=policy_version)
@@ -51,5 +52,7 @@ def validate(run: RunContext, val_prompts: Batch, policy_version: int | None = N
     scored = pool_of(run, "reward").compute_rewards(generated)
     report, logs = take_report(scored)
     forward_logs(get_run_logger(), "validate", logs)
-    metrics = {**judge_report, **report, **agents, **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
+    judged = {**judge_report, **{k: v for k, v in report.items() if k.startswith("reward/judge_")}}
+    judge_metrics = {f"val-aux/{k.removeprefix('reward/')}": v for k, v in judged.items()}  # val-aux/judge_unparsed
+    metrics = {**report, **agents, **judge_metrics, **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
     return scored, {k.replace("critic/", "val-aux/", 1): v for k, v in metrics.items()}

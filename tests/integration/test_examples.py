@@ -136,13 +136,13 @@ def test_judge_pool_scores_every_trajectory_and_its_unparsed_rows_never_stop_the
     """reward.judge on the tiny model in a judge pool of its own: its verdicts cannot parse (a
     <score></score> tag in 4 random tokens), so every row is scored reward.on_error and counted —
     and with reward.max_failure_iterations=1 the run still trains, since those are not reward failures.
-    Each trajectory's score is the rule score + weight·on_error."""
+    Each trajectory's score is the rule score + weight·on_error, in training and in validation."""
     from flows.train import train
 
     ov = tiny_overrides(str(tmp_path / "runs"), task_files["arith"], task_files["arith"], **{
         "trainer.run_id": "judge", "trainer.total_iterations": "1", "reward.max_failure_iterations": "1",
         "reward.judge.enable": "true", "reward.judge.verdict": "score_tag", "reward.judge.max_new_tokens": "4",
-        "reward.judge.weight": "2", "reward.on_error": "-0.5",
+        "reward.judge.weight": "2", "reward.on_error": "-0.5", "trainer.val_before_train": "true",
         "placement.pools.judge": "{workers: 1, cpus_per_worker: 0.5, roles: [judge]}",
     })  # fmt: skip
     summary = train(overrides=ov)
@@ -153,6 +153,10 @@ def test_judge_pool_scores_every_trajectory_and_its_unparsed_rows_never_stop_the
     assert "reward/judge_rule_agreement" not in metrics  # no row has a judge score to agree with
     # rule score = acc (format_weight 0); final = acc + 2·(-0.5)
     assert metrics["critic/score/mean"] == pytest.approx(metrics["reward/arith/acc/mean"] - 1.0, abs=1e-6)
+    # validation scores with the judge too: 8 validation prompts, one greedy sample each
+    val = json.loads((Path(summary["run_dir"]) / "validation.jsonl").read_text().splitlines()[0])["metrics"]
+    assert val["val-aux/judge_unparsed"] == 8.0 and val["val-aux/judge/tokens_per_s"] > 0
+    assert val["val-aux/score/mean"] == pytest.approx(val["val-core/arith/acc/mean@1"] - 1.0, abs=1e-6)
 
 
 def test_environment_config_trains_one_iteration(prefect_api, ray_cluster, task_files, tmp_path):
