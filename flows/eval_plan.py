@@ -16,7 +16,7 @@ from typing import Any
 from hybridflow.config import ExperimentConfig, config_from_dict, load_config
 from hybridflow.layout import CHECKPOINTS, CONFIG, RUN_INFO
 
-EVAL_ROLES = ("policy", "reward")
+EVAL_ROLES = ("policy", "reward", "judge")  # the judge when reward.judge.enable: validation scores with it
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ CONFIG`` prints it for a config, with the pool each node calls)::
     with a rollout pool (trainer.max_staleness): the driver runs rollout ahead, and the iteration is
                rollout ─► old_log_probs ‖ reward ─► reference ‖ values ─► advantage ─► update_* ─► publish_weights
     with algorithm.filter_groups:  rollout ─► reward ─► filter_groups ─► reference ‖ values ─► advantage ─► ...
+    with reward.judge:             rollout ─► judge ─► reward ─► ...   (the judge pool's verdicts, combined)
 
 Nodes switch off by config (no reference without KL, no values/update_critic without a critic,
-filter_groups only with ``algorithm.filter_groups``); a user DataFlow replaces the built-in one
-with ``trainer.dataflow`` ("module:function(cfg) -> DataFlow", usually ``builtin_dataflow(cfg)``
-plus :meth:`~flows.dataflow.DataFlow.add` / ``rewire``).
+filter_groups only with ``algorithm.filter_groups``, judge only with ``reward.judge.enable``); a user
+DataFlow replaces the built-in one with ``trainer.dataflow`` ("module:function(cfg) -> DataFlow",
+usually ``builtin_dataflow(cfg)`` plus :meth:`~flows.dataflow.DataFlow.add` / ``rewire``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hybridflow.deprecation import warn_deprecated
 from tasks.advantage import advantage
 from tasks.common import RunContext
 from tasks.filter_groups import filter_groups
+from tasks.judge import judge
 from tasks.reference import reference
 from tasks.reward import reward
 from tasks.rollout import old_log_probs, rollout
@@ -68,7 +70,8 @@ def builtin_dataflow(cfg: ExperimentConfig) -> DataFlow:
     nodes = [
         None if cfg.uses_rollout_pool else rollout,        # (prompts, policy_version) -> trajectories
         old_log_probs if cfg.uses_rollout_pool else None,  # (rollout, policy_version) -> + old_log_probs
-        reward,                                            # (rollout) -> token_level_scores
+        judge if cfg.reward.judge.enable else None,        # (rollout) -> judge_score
+        reward,                                            # (rollout, judge) -> token_level_scores
         filter_groups.wire(rollout=trajectories) if cfg.algorithm.filter_groups else None,  # -> kept groups
         reference.wire(rollout=kept) if cfg.needs_reference else None,   # -> ref_log_probs
         values.wire(rollout=kept) if cfg.needs_critic else None,         # (+ critic_version) -> values

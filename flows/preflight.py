@@ -13,6 +13,8 @@ key, the value and what is wrong:
 - fewer usable prompts than ``data.prompts_per_iteration``;
 - ``data.max_prompt_tokens`` (alone, or plus ``rollout.max_response_tokens``) longer than the
   model's context (``max_position_embeddings``);
+- ``reward.judge.path`` does not exist, or the judge's rubric (with an empty prompt and response) plus
+  ``reward.judge.max_new_tokens`` is longer than the judge's context;
 - a group-baseline advantage estimator (GRPO, RLOO, ...: registered with
   ``min_samples_per_prompt=2``) with ``rollout.samples_per_prompt=1``;
 - ``rollout.tools`` / ``rollout.environment`` do not import or do not fit the multi-turn settings
@@ -56,6 +58,8 @@ def check_models(cfg: ExperimentConfig) -> None:
 
     keys = [("model.path", cfg.model.path), ("model.tokenizer_path", cfg.model.tokenizer_path),
             ("reward.model.path", cfg.reward.model.path)]
+    if cfg.reward.judge.enable:
+        keys.append(("reward.judge.path", cfg.reward.judge.path))  # None: model.path, checked above
     if cfg.needs_critic:
         keys.append(("critic.model_path", cfg.critic.model_path))
     for key, value in keys:
@@ -85,6 +89,35 @@ def check_context_length(cfg: ExperimentConfig) -> None:
             f"data.max_prompt_tokens={prompt} + rollout.max_response_tokens={response} = {prompt + response} "
             f"tokens exceed the model's context ({context} positions, model.path={cfg.model.path!r}); "
             "lower one of them"
+        )
+
+
+def check_judge(cfg: ExperimentConfig) -> None:
+    """``reward.judge``: its tokenizer loads, and the rubric rendered with an empty prompt, response
+    and ground truth (in the judge's chat template) plus ``max_new_tokens`` fits the judge's context.
+    A row longer than that is counted during the run (reward/judge_overlong), not refused here."""
+    judge = cfg.reward.judge
+    if not judge.enable:
+        return
+    from hybridflow.models import load_tokenizer
+    from hybridflow.models.loading import context_length
+    from hybridflow.rewards.judge import judge_prompt_ids, render_rubric
+
+    model_cfg = cfg.judge_model
+    where = f"{'reward.judge.path' if judge.path else 'model.path'}={model_cfg.path!r}"
+    try:
+        tokenizer, context = load_tokenizer(model_cfg), context_length(model_cfg)
+    except (OSError, ValueError) as e:
+        raise PreflightError(f"{where}: cannot load the judge's tokenizer or config: {e}") from None
+    if context is None:
+        return
+    least = len(judge_prompt_ids(tokenizer, render_rubric(judge.rubric, "", "", None),
+                                 apply_chat_template=judge.apply_chat_template, prefix=judge.verdict_prefix))
+    if least + judge.max_new_tokens > context:
+        raise PreflightError(
+            f"reward.judge.rubric is {least} judge tokens with an empty prompt and response; + "
+            f"reward.judge.max_new_tokens={judge.max_new_tokens} = {least + judge.max_new_tokens} exceed the judge's "
+            f"context ({context} positions, {where}): shorten the rubric or lower max_new_tokens"
         )
 
 
@@ -143,6 +176,7 @@ def load_datasets(cfg: ExperimentConfig) -> Datasets:
     check_group_size(cfg)
     check_models(cfg)
     check_context_length(cfg)
+    check_judge(cfg)
     try:
         tokenizer = load_tokenizer(cfg.model)
     except (OSError, ValueError) as e:
@@ -267,5 +301,5 @@ def check_harness_tasks(cfg: ExperimentConfig) -> None:
 
 
 __all__ = ["PreflightError", "Datasets", "preflight", "check_run_dir", "check_engine", "check_models",
-           "check_context_length", "check_group_size", "load_datasets", "check_reward_function",
+           "check_context_length", "check_judge", "check_group_size", "load_datasets", "check_reward_function",
            "check_resume_folder", "check_placement", "preflight_run", "check_harness_tasks"]

@@ -291,6 +291,8 @@ def check_inputs(cfg: ExperimentConfig, *, data_files: list[tuple[str, list[str]
     parameters = check_model("model.path", cfg.model.path, tokenizer=cfg.model.tokenizer_path is None)
     if cfg.model.tokenizer_path is not None:
         check_model_tokenizer("model.tokenizer_path", cfg.model.tokenizer_path)
+    if cfg.reward.judge.enable and cfg.reward.judge.path is not None:
+        check_model("reward.judge.path", cfg.reward.judge.path, tokenizer=True)
     if data_files is None:
         data_files = [("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)]
     for key, files in data_files:

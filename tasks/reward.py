@@ -10,12 +10,15 @@ from tasks.types import RewardResult
 
 
 @node(name="reward", retries=2, roles=("reward",))
-def reward(run: RunContext, rollout: Batch) -> tuple[Batch, RewardResult]:
+def reward(run: RunContext, rollout: Batch, judge: Batch | None = None) -> tuple[Batch, RewardResult]:
     """Returns token_level_scores [batch, response_len] (score on the last response token) and
     per-row score fields; failures of user reward code are scored reward.on_error and counted in
-    the result's ``failed_rows`` / ``last_error`` (the run's stop decision) and the reward/* metrics."""
-    out = pool_of(run, "reward").compute_rewards(rollout)
-    new_keys = [k for k in out.keys() if k not in rollout or k == "uid"]
+    the result's ``failed_rows`` / ``last_error`` (the run's stop decision) and the reward/* metrics.
+    ``judge``: the judge node's scores (``reward.judge``), combined with the others by the reward
+    worker; its unparsed rows are not reward failures."""
+    scored_rows = rollout if judge is None else rollout.union(judge)
+    out = pool_of(run, "reward").compute_rewards(scored_rows)
+    new_keys = [k for k in out.keys() if k not in scored_rows or k == "uid"]
     return out.select(new_keys), reward_result(out)
 
 

@@ -33,18 +33,26 @@ def _validation_metrics(scored: Batch, k: int) -> dict[str, float]:
 MULTI_TURN_PREFIXES = ("tool/", "multi_turn/", "env/")
 
 
-@node(name="validate", retries=1, roles=("policy", "reward"))
+@node(name="validate", retries=1, roles=("policy", "reward", "judge"))
 def validate(run: RunContext, val_prompts: Batch, policy_version: int | None = None) -> tuple[Batch, dict]:
-    """Returns the scored validation generations, val-core metrics and (multi-turn) the tool metrics
-    as val-aux/tool/..., val-aux/multi_turn/.... policy_version: the
+    """Returns the scored validation generations, val-core metrics, (multi-turn) the tool metrics
+    as val-aux/tool/..., val-aux/multi_turn/... and (reward.judge) the judge's as val-aux/judge/...,
+    val-aux/judge_unparsed, val-aux/judge_rule_agreement.... policy_version: the
     weights_version to evaluate (a restarted worker is brought to it first)."""
     cfg = run.cfg()
     policy = pool_of(run, "policy", at_version=policy_version)
     generated = policy.generate_sequences(val_prompts, seed=run.node_seed("validate"), validate=True)
     gen_report, _ = take_report(generated)  # the training rollout's names: only the multi-turn ones are kept
     agents = {f"val-aux/{k}": v for k, v in gen_report.items() if k.startswith(MULTI_TURN_PREFIXES)}
+    judge_report: dict[str, float] = {}
+    if cfg.reward.judge.enable:  # scored as in training: the judge's verdicts combined by the reward worker
+        generated = pool_of(run, "judge").judge_responses(generated, seed=run.node_seed("validate/judge"))
+        judge_report, judge_logs = take_report(generated)
+        forward_logs(get_run_logger(), "validate", judge_logs)
     scored = pool_of(run, "reward").compute_rewards(generated)
     report, logs = take_report(scored)
     forward_logs(get_run_logger(), "validate", logs)
-    metrics = {**report, **agents, **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
+    judged = {**judge_report, **{k: v for k, v in report.items() if k.startswith("reward/judge_")}}
+    judge_metrics = {f"val-aux/{k.removeprefix('reward/')}": v for k, v in judged.items()}  # val-aux/judge_unparsed
+    metrics = {**report, **agents, **judge_metrics, **_validation_metrics(scored, cfg.rollout.val_samples_per_prompt)}
     return scored, {k.replace("critic/", "val-aux/", 1): v for k, v in metrics.items()}

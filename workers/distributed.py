@@ -29,7 +29,7 @@ import tempfile
 import zlib
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -119,6 +119,15 @@ def init_process_group(
 def is_distributed() -> bool:
     """True when a process group with more than one rank is initialised."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def gather_rows(rows: list[Any]) -> list[Any]:
+    """Every rank's ``rows`` (picklable objects), rank by rank; the rows themselves on a single rank."""
+    if not is_distributed():
+        return rows
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, rows)
+    return [r for part in gathered for r in part]
 
 
 def _collective_device() -> torch.device:
@@ -282,6 +291,7 @@ __all__ = [
     "rendezvous_store",
     "rendezvous_url",
     "is_distributed",
+    "gather_rows",
     "all_reduce_sum",
     "all_reduce_max",
     "all_reduce_mean",

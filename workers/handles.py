@@ -37,6 +37,7 @@ ROLE_CLASSES = {
     "critic": "workers.critic:CriticWorker",
     "reward": "workers.reward:RewardWorker",
     "tools": "workers.tools:ToolsWorker",
+    "judge": "workers.judge:JudgeWorker",
     "evaluator": "workers.evaluator:HarnessEvaluator",
 }
 

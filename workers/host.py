@@ -23,7 +23,7 @@ from workers.pool_events import append_event, weights_digest
 from workers.progress import progress_for_run
 
 # construction order inside one process: the reference may reuse the policy (LoRA: adapters off)
-ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward", "tools", "evaluator")
+ROLE_ORDER = ("policy", "rollout", "reference", "critic", "reward", "tools", "judge", "evaluator")
 # roles whose workers run multi-turn rollouts: they get the run's namespace to find the tools pool in
 NAMESPACED_ROLES = ("policy", "rollout")
 

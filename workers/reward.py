@@ -90,13 +90,8 @@ class RewardWorker:
         missing = [k for k in needed if k not in batch]
         if missing:
             raise BatchError(f"compute_rewards: batch lacks {missing} (has {batch.keys()})")
-        ids, mask = batch["response_ids"], batch["response_mask"]
-        texts = self.tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))],
-                                            skip_special_tokens=True)
+        texts = response_texts(self.tokenizer, batch)
         n = len(batch)
-        if "messages" in batch:  # multi-turn: the final text is the last assistant turn
-            texts = [next((m["content"] for m in reversed(msgs) if m["role"] == "assistant"), t)
-                     for msgs, t in zip(batch["messages"], texts, strict=True)]  # fmt: skip
         prompts = batch.non_tensors.get("raw_prompt") or [""] * n
         truths = batch.non_tensors.get("ground_truth") or [None] * n
         extra = batch.non_tensors.get("extra_info") or [None] * n
@@ -108,7 +103,10 @@ class RewardWorker:
         ]
 
     def _rules_run(self) -> bool:
-        """Whether the rule / custom functions are called (not with a reward model in 'replace' mode)."""
+        """Whether the rule / custom functions are called (not with a reward model or a judge in 'replace' mode)."""
+        judge = self.cfg.reward.judge
+        if judge.enable and judge.combine == "replace":
+            return False
         return self.reward_model is None or self.cfg.reward.model.combine == "add"
 
     def _rule_results(self, items: list[Any]) -> Any:
@@ -129,7 +127,10 @@ class RewardWorker:
         meta["metrics"]: critic/score/{mean,max,min}, critic/score/<data_source>/mean, the
         executor's reward/* metrics (counts of failures, per-source means of the final score) and,
         with a reward model, reward/rm_score/{mean,max,min}, reward/rm_truncated (rows cut to
-        reward.model.max_length) and reward/rule_score/mean ('add'), over all ranks.
+        reward.model.max_length) and reward/rule_score/mean ('add'), over all ranks; with the judge
+        node's ``judge_score`` in the batch ([0, 1] per row, None → ``reward.on_error``), the score
+        combined by ``reward.judge.weight`` / ``combine`` after the reward model's, and
+        reward/judge_rule_agreement when the rules ran too.
         meta["logs"]: one line per failing row, for the task to forward.
         Raises BatchError for missing fields, UnknownDataSourceError for an unregistered source.
         """
@@ -138,8 +139,14 @@ class RewardWorker:
         scores = [float(s) for s in res.scores]
         rm = None
         if self.reward_model is not None:
-            rm = self.reward_model.score(self._prompts(batch), [it.solution_str for it in items])
+            rm = self.reward_model.score(row_prompts(self.tokenizer, batch), [it.solution_str for it in items])
             scores = combine_scores(scores, rm.scores, self.cfg.reward.model.weight, self.cfg.reward.model.combine)
+        judged = "judge_score" in batch  # the judge node's scores ([0, 1], None = unparsed / overlong)
+        if judged:
+            judge = self.cfg.reward.judge
+            on_error = self.cfg.reward.on_error
+            scores = combine_scores(scores, [on_error if j is None else j for j in batch["judge_score"]],
+                                    judge.weight, judge.combine)
         if "env_reward" in batch:  # multi-turn environments' summed rewards (reward.combine)
             add = self.cfg.reward.combine == "add"
             scores = [s if e is None else e + (s if add else 0.0) for s, e in zip(scores, batch["env_reward"], strict=True)]
@@ -157,32 +164,18 @@ class RewardWorker:
         metrics = self._metrics(items, scores, res, counted)
         if rm is not None:
             metrics.update(self._rm_metrics(rm, [float(s) for s in res.scores], counted))
+        if judged and self._rules_run():
+            metrics.update(_agreement_metrics(batch["judge_score"], [float(s) for s in res.scores], counted))
         out.meta["metrics"] = {**batch.meta.get("metrics", {}), **metrics}
         out.meta["logs"] = list(res.logs)
         return out
-
-    def _prompts(self, batch: Batch) -> list[Any]:
-        """Each row's prompt for the reward model: ``raw_chat`` (the dataset's chat messages, rendered
-        with the reward model's own template), else ``raw_prompt`` (text), else the
-        prompt ids decoded with the policy tokenizer (special tokens kept: they carry the format)."""
-        chats = batch.non_tensors.get("raw_chat")
-        texts = batch.non_tensors.get("raw_prompt")
-        if chats is not None or texts is not None:  # chat messages where the row has them, else text
-            n = len(batch)
-            chats, texts = chats or [None] * n, texts or [None] * n
-            if all(c is not None or t is not None for c, t in zip(chats, texts, strict=True)):
-                return [c if c is not None else t for c, t in zip(chats, texts, strict=True)]
-        if "prompt_ids" not in batch:
-            raise BatchError("compute_rewards: a reward model needs raw_prompt or prompt_ids in the batch")
-        ids, mask = batch["prompt_ids"], batch["prompt_mask"].bool()
-        return self.tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))])
 
     def _metrics(self, items: list[Any], scores: list[float], res: Any, counted: bool = True) -> dict[str, float]:
         """Metrics of the final scores over the rows of every rank (all-gathered when the pool has several)."""
         from hybridflow.rewards.executor import reward_metrics
 
         rows = list(zip(items, scores, res.failures, _row_extras(res, len(items)), strict=True))
-        rows = _gather_rows(rows if counted else [])
+        rows = D.gather_rows(rows if counted else [])
         items, scores, failures, extras = (list(x) for x in zip(*rows, strict=True))
         metrics = reward_metrics(items, scores, failures, extras)
         metrics["critic/score/mean"] = sum(scores) / len(scores)
@@ -196,7 +189,7 @@ class RewardWorker:
     def _rm_metrics(self, rm: Any, rule_scores: list[float], counted: bool = True) -> dict[str, float]:
         """reward/rm_score/{mean,max,min} (raw logits), reward/rm_truncated (count of rows cut to
         max_length) and, in 'add' mode, reward/rule_score/mean — over every rank's rows."""
-        rows = _gather_rows(list(zip(rm.scores, rm.truncated, rule_scores, strict=True)) if counted else [])
+        rows = D.gather_rows(list(zip(rm.scores, rm.truncated, rule_scores, strict=True)) if counted else [])
         rm_scores = [r[0] for r in rows]
         metrics = {
             "reward/rm_score/mean": sum(rm_scores) / len(rm_scores),
@@ -207,6 +200,35 @@ class RewardWorker:
         if self._rules_run():
             metrics["reward/rule_score/mean"] = sum(r[2] for r in rows) / len(rows)
         return _finite(metrics)
+
+
+def response_texts(tokenizer: Any, batch: Batch) -> list[str]:
+    """Each row's response as text: ``response_ids`` under ``response_mask`` decoded with the policy
+    ``tokenizer`` (special tokens dropped); a multi-turn row (``messages``) gives its last assistant turn."""
+    ids, mask = batch["response_ids"], batch["response_mask"]
+    texts = tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
+    if "messages" in batch:  # multi-turn: the final text is the last assistant turn
+        texts = [next((m["content"] for m in reversed(msgs) if m["role"] == "assistant"), t)
+                 for msgs, t in zip(batch["messages"], texts, strict=True)]  # fmt: skip
+    return texts
+
+
+def row_prompts(tokenizer: Any, batch: Batch) -> list[Any]:
+    """Each row's prompt for a model that scores it (reward model, judge): ``raw_chat`` (the dataset's
+    chat messages, for the scorer's own template), else ``raw_prompt`` (text), else the prompt ids
+    decoded with the policy ``tokenizer`` (special tokens kept: they carry the format).
+    Raises BatchError when the batch has none of them."""
+    chats = batch.non_tensors.get("raw_chat")
+    texts = batch.non_tensors.get("raw_prompt")
+    if chats is not None or texts is not None:  # chat messages where the row has them, else text
+        n = len(batch)
+        chats, texts = chats or [None] * n, texts or [None] * n
+        if all(c is not None or t is not None for c, t in zip(chats, texts, strict=True)):
+            return [c if c is not None else t for c, t in zip(chats, texts, strict=True)]
+    if "prompt_ids" not in batch:
+        raise BatchError("a reward model or judge needs raw_prompt or prompt_ids in the batch")
+    ids, mask = batch["prompt_ids"], batch["prompt_mask"].bool()
+    return tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))])
 
 
 def combine_scores(rule_scores: list[float], rm_scores: list[float], weight: float, combine: str) -> list[float]:
@@ -220,13 +242,14 @@ def combine_scores(rule_scores: list[float], rm_scores: list[float], weight: flo
     raise ValueError(f"reward.model.combine={combine!r}; allowed: add, replace")
 
 
-def _gather_rows(rows: list[Any]) -> list[Any]:
-    """Every rank's rows, rank by rank (the rows themselves on a single rank)."""
-    if not D.is_distributed():
-        return rows
-    gathered: list[Any] = [None] * D.dist.get_world_size()
-    D.dist.all_gather_object(gathered, rows)
-    return [r for part in gathered for r in part]
+def _agreement_metrics(judge_scores: list[float | None], rule_scores: list[float], counted: bool) -> dict[str, float]:
+    """reward/judge_rule_agreement (:func:`hybridflow.rewards.judge.judge_rule_agreement`) over every
+    rank's rows; absent when the judge scored none."""
+    from hybridflow.rewards.judge import judge_rule_agreement
+
+    rows = D.gather_rows(list(zip(judge_scores, rule_scores, strict=True)) if counted else [])
+    agreement = judge_rule_agreement([r[0] for r in rows], [r[1] for r in rows])
+    return {} if agreement is None else {"reward/judge_rule_agreement": agreement}
 
 
 def _finite(metrics: dict[str, Any]) -> dict[str, float]:
@@ -237,4 +260,4 @@ def _row_extras(res: Any, n: int) -> list[dict[str, Any]]:
     return [{k: v[i] for k, v in res.extra.items() if v[i] is not None} for i in range(n)]
 
 
-__all__ = ["RewardWorker", "combine_scores", "place_scores"]
+__all__ = ["RewardWorker", "combine_scores", "place_scores", "response_texts", "row_prompts"]

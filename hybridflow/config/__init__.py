@@ -38,7 +38,7 @@ from hybridflow.config.loading import (
 )
 from hybridflow.config.model import ModelConfig
 from hybridflow.config.placement import PlacementConfig, PoolConfig
-from hybridflow.config.reward import RewardConfig, RewardModelConfig
+from hybridflow.config.reward import JudgeConfig, RewardConfig, RewardModelConfig
 from hybridflow.config.rollout import MultiTurnConfig, RolloutConfig, ToolFormatName
 from hybridflow.config.tracking import TrackingConfig
 from hybridflow.config.trainer import TrainerConfig
@@ -70,6 +70,7 @@ __all__ = [
     "CriticConfig",
     "ReferenceConfig",
     "RewardModelConfig",
+    "JudgeConfig",
     "RewardConfig",
     "PoolConfig",
     "PlacementConfig",

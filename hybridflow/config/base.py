@@ -28,7 +28,7 @@ ESTIMATORS_NEEDING_VALUES = ("gae",)
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLEstimatorName = Literal["k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs"]
-Role = Literal["policy", "rollout", "reference", "critic", "reward", "tools", "evaluator"]
+Role = Literal["policy", "rollout", "reference", "critic", "reward", "tools", "judge", "evaluator"]
 
 
 class ConfigError(ValueError):

@@ -156,6 +156,7 @@ class ExperimentConfig(_Section):
             raise ValueError("KL is on (use_kl_in_reward or use_kl_loss): add role 'reference' to a pool")
         self._check_rollout_pool()
         self._check_tools_pool()
+        self._check_judge_pool()
         corr = self.actor.rollout_correction
         if corr != "none" and self.actor.old_log_probs == "rollout":
             raise ValueError(
@@ -332,6 +333,33 @@ class ExperimentConfig(_Section):
                 f"placement.pools.{where}: role 'tools' but neither rollout.tools nor rollout.environment is set "
                 "(nothing for the tools pool to run): set one, or drop the pool"
             )
+
+    def _check_judge_pool(self) -> None:
+        """``reward.judge.enable`` and a pool with role ``judge`` come together (the judge node calls that pool)."""
+        where = next((n for n, p in self.placement.pools.items() if "judge" in p.roles), None)
+        if self.reward.judge.enable and where is None:
+            raise ValueError("reward.judge.enable=true needs a pool with role 'judge': add e.g. "
+                             "placement.pools.judge: {workers: 1, cpus_per_worker: 0.5, roles: [judge]} "
+                             "(examples/grpo_arith_judge.yaml)")
+        if self.reward.judge.enable and self.async_mode == "stream" and self.algorithm.filter_groups:
+            raise ValueError("reward.judge.enable with trainer.async_mode=stream and algorithm.filter_groups: the "
+                             "stream drops zero-variance groups by the reward pool's scores alone, before the judge "
+                             "scores them; use async_mode=ahead or drop one of them")
+        if where is not None and not self.reward.judge.enable:
+            raise ValueError(f"placement.pools.{where}: role 'judge' but reward.judge.enable is false (nothing for "
+                             "the judge pool to do): set reward.judge.enable=true, or drop the role")
+
+    @property
+    def judge_model(self) -> ModelConfig:
+        """The judge's model section: ``model`` with ``path`` = ``reward.judge.path`` (its own tokenizer)
+        or, when that is None, the policy's path and tokenizer — the initial policy, loaded apart from
+        the trained weights; no LoRA, no gradient checkpointing (the judge is frozen)."""
+        judge = self.reward.judge
+        own = judge.path is not None
+        return self.model.model_copy(update={
+            "path": judge.path if own else self.model.path,
+            "tokenizer_path": None if own else self.model.tokenizer_path,
+            "lora_rank": 0, "gradient_checkpointing": False})
 
     @property
     def weight_sync_mode(self) -> str:

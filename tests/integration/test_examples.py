@@ -61,6 +61,8 @@ CASES = {
     "grpo_arith_async.yaml": ("arith", ["rollout/staleness/max", "rollout_corr/rollout_is_mean",
                                         "timing_s/weight_sync", "async/overlap_fraction"]),
     "grpo_textarena_guess.yaml": ("textarena", ["env/win_rate", "env/invalid_moves/mean", "multi_turn/num_turns/mean"]),
+    "grpo_arith_judge.yaml": ("arith", ["timing_s/judge", "judge/tokens_per_s", "reward/judge_unparsed",
+                                        "reward/judge_overlong"]),
     "grpo_arith_tool.yaml": ("arith", ["multi_turn/num_turns/mean", "tool/calls/mean", "tool/parse_errors",
                                        "response_length/observation_tokens/mean"]),
 }
@@ -129,6 +131,34 @@ def test_reward_model_scores_in_the_reward_pool(prefect_api, ray_cluster, task_f
     assert metrics["reward/rm_score/min"] < metrics["reward/rm_score/max"]  # a real model: scores differ by text
     # the trajectory score is rule + 0.5·rm, averaged over the batch
     assert metrics["critic/score/mean"] == pytest.approx(rule + 0.5 * rm, abs=1e-5)
+
+
+def test_judge_pool_scores_every_trajectory_and_its_unparsed_rows_never_stop_the_run(
+        prefect_api, ray_cluster, task_files, tmp_path):  # fmt: skip
+    """reward.judge on the tiny model in a judge pool of its own: its verdicts cannot parse (a
+    <score></score> tag in 4 random tokens), so every row is scored reward.on_error and counted —
+    and with reward.max_failure_iterations=1 the run still trains, since those are not reward failures.
+    Each trajectory's score is the rule score + weight·on_error, in training and in validation."""
+    from flows.train import train
+
+    ov = tiny_overrides(str(tmp_path / "runs"), task_files["arith"], task_files["arith"], **{
+        "trainer.run_id": "judge", "trainer.total_iterations": "1", "reward.max_failure_iterations": "1",
+        "reward.judge.enable": "true", "reward.judge.verdict": "score_tag", "reward.judge.max_new_tokens": "4",
+        "reward.judge.weight": "2", "reward.on_error": "-0.5", "trainer.val_before_train": "true",
+        "placement.pools.judge": "{workers: 1, cpus_per_worker: 0.5, roles: [judge]}",
+    })  # fmt: skip
+    summary = train(overrides=ov)
+    assert summary["iterations"] == 1
+    metrics = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["metrics"]
+    assert metrics["reward/judge_unparsed"] == 4.0 and metrics["reward/judge_overlong"] == 0.0  # 2 prompts × 2
+    assert metrics["timing_s/judge"] > 0 and metrics["judge/tokens_per_s"] > 0
+    assert "reward/judge_rule_agreement" not in metrics  # no row has a judge score to agree with
+    # rule score = acc (format_weight 0); final = acc + 2·(-0.5)
+    assert metrics["critic/score/mean"] == pytest.approx(metrics["reward/arith/acc/mean"] - 1.0, abs=1e-6)
+    # validation scores with the judge too: 8 validation prompts, one greedy sample each
+    val = json.loads((Path(summary["run_dir"]) / "validation.jsonl").read_text().splitlines()[0])["metrics"]
+    assert val["val-aux/judge_unparsed"] == 8.0 and val["val-aux/judge/tokens_per_s"] > 0
+    assert val["val-aux/score/mean"] == pytest.approx(val["val-core/arith/acc/mean@1"] - 1.0, abs=1e-6)
 
 
 def test_environment_config_trains_one_iteration(prefect_api, ray_cluster, task_files, tmp_path):
