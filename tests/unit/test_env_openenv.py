@@ -111,6 +111,16 @@ def test_a_server_episode_through_openenvs_client_equals_the_in_process_one(coun
     assert _play(unchecked, ["3", "5"]) == [("next", 0.25, False, 0), ("wrong: expected 4", -0.5, True, 0)]
 
 
+def test_a_replay_that_ends_on_another_observation_raises(count_up_server):
+    """The recorded observation after "4" is made to differ from what the server replays ("next")."""
+    env = OpenEnvEnvironment(base_url=count_up_server, action=f"{FIXTURES}:CountAction", seed=14)
+    env.reset({})
+    env.step("4")
+    env.last = {**env.last, "observation": {"prompt": "something else"}}
+    with pytest.raises(RuntimeError, match="replayed 1 actions from seed 14 to another observation"):
+        env.step("5")
+
+
 def test_a_server_that_does_not_answer_is_one_line_naming_base_url():
     env = OpenEnvEnvironment(base_url=f"http://127.0.0.1:{_free_port()}", timeout_s=2)
     with pytest.raises(AgentLoadError, match=r"env_kwargs.base_url='http://127.0.0.1:\d+': Failed to connect") as e:
