@@ -204,6 +204,40 @@ def test_a_textarena_game_trains_one_iteration(prefect_api, ray_cluster, tmp_pat
     assert ended == pytest.approx(1.0)
 
 
+def test_an_openenv_environment_trains_one_iteration(prefect_api, ray_cluster, tmp_path):
+    """rollout.environment=openenv on rows naming an OpenEnv environment (tests/unit/agent_fixtures.py
+    CountUpEnv, built on openenv-core's Environment / Action / Observation, run in-process): every
+    trajectory plays its row's episode in the environment workers (no env_error), the invalid moves are
+    counted, and each score is the episode's summed reward (CountUpEnv: 0.25 a right number, 1 the last,
+    -0.5 a wrong one; a text that is not digits is an invalid move worth 0: in [-0.5, 1.5])."""
+    from flows.train import train
+    from hybridflow.agents.hub_openenv import OpenEnvEnvironment
+    from hybridflow.data import write_rows
+
+    rows = []
+    for i in range(4):
+        kwargs = {"env": "tests.unit.agent_fixtures:CountUpEnv", "action": "tests.unit.agent_fixtures:CountAction",
+                  "seed": i, "instructions": "Reply with the next number only."}  # fmt: skip
+        rows.append({"data_source": "openenv/CountUp", "prompt": OpenEnvEnvironment(**kwargs).reset({}),
+                     "ability": "game", "reward_model": {"style": "environment", "ground_truth": f"seed {i}"},
+                     "extra_info": {"index": i, "agent_name": "openenv", "env_kwargs": kwargs}})  # fmt: skip
+    episodes = str(tmp_path / "count_up.parquet")
+    write_rows(rows, episodes)
+    ov = tiny_overrides(str(tmp_path / "runs"), episodes, episodes, **{
+        "trainer.run_id": "openenv", "trainer.total_iterations": "1",
+        "rollout.environment": "openenv", "rollout.max_response_tokens": "48",
+        "rollout.multi_turn.max_turns": "3", "rollout.multi_turn.max_tokens_per_turn": "6",
+    })
+    summary = train(overrides=ov)
+    metrics = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["metrics"]
+    assert metrics["env/errors"] == 0 and metrics["multi_turn/num_turns/max"] >= 1
+    assert metrics["env/invalid_moves/mean"] >= 0.0 and "env/win_rate" not in metrics  # CountUpEnv reports no "won"
+    assert -0.5 <= metrics["critic/score/min"] <= metrics["critic/score/max"] <= 1.5
+    ended = metrics["multi_turn/finish/env_done"] + metrics["multi_turn/finish/max_turns"] + metrics["multi_turn/finish/length"]
+    assert ended == pytest.approx(1.0)
+    assert metrics["actor/weights_version"] == 1.0 or metrics.get("actor/update_skipped") == 1.0
+
+
 def test_tools_pool_steps_the_environments_and_changes_nothing_else(prefect_api, ray_cluster, tmp_path):
     """placement.pools.tools {roles: [tools]}: every environment step of a real iteration runs in a
     process of the tools pool's rank (its parent pid is the rank's, from pool_events.jsonl), not of the
