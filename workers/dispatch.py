@@ -19,7 +19,10 @@ Built-in:
 - ``rank_zero``: only rank 0 is called; result = its result.
 - ``list_scatter``: the first positional argument (a list) is cut into ``world_size`` contiguous
   parts of near-equal length (ranks whose part would be empty are not called); the per-rank result
-  lists are concatenated in rank order, so result ``i`` answers item ``i`` (the tools pool).
+  lists are concatenated in rank order, so result ``i`` answers item ``i``.
+- ``keyed_scatter``: like ``list_scatter``, but an item with an int ``key`` attribute goes to rank
+  ``key % world_size`` (always the same rank for one key: the tools pool's sticky environment
+  instances) and the others to the least loaded rank; result ``i`` answers item ``i``.
 """
 
 from __future__ import annotations
@@ -165,8 +168,31 @@ def _list_join(results: list[Any], _info: Any) -> list[Any]:
     return [item for part in results for item in part]
 
 
+def _keyed_split(args: tuple, kwargs: dict, world: int) -> tuple[list[Call | None], Any]:
+    items = args[0]
+    if not isinstance(items, list):
+        raise TypeError(f"keyed_scatter needs a list as first argument, got {type(items).__name__}")
+    ranks: list[int] = []
+    loads = [0] * world
+    for item in items:
+        key = getattr(item, "key", None)
+        rank = key % world if key is not None else min(range(world), key=loads.__getitem__)
+        ranks.append(rank)
+        loads[rank] += 1
+    parts = [[item for item, r in zip(items, ranks, strict=True) if r == rank] for rank in range(world)]
+    calls = [((part, *args[1:]), kwargs) if part else None for part in parts]
+    return calls, ranks
+
+
+def _keyed_join(results: list[Any], ranks: list[int]) -> list[Any]:
+    # results of the called ranks only (those with a part), in rank order
+    parts = {r: iter(part) for r, part in zip(sorted(set(ranks)), results, strict=True)}
+    return [next(parts[r]) for r in ranks]
+
+
 register_dispatch("broadcast", _same_for_all, _as_list)
 register_dispatch("gather", _same_for_all, _as_list)
 register_dispatch("dp_scatter", _dp_split, _dp_join)
 register_dispatch("rank_zero", _rank_zero_split, _rank_zero_join)
 register_dispatch("list_scatter", _list_split, _list_join)
+register_dispatch("keyed_scatter", _keyed_split, _keyed_join)

@@ -14,9 +14,10 @@ scale out on CPU nodes while the GPUs generate. Each rank of the tools pool is a
 :class:`ToolsWorker`: the same EnvRunner (``rollout.multi_turn.num_workers`` processes,
 ``tool_timeout_s`` per call), so a tool or environment that raises, hangs or kills its process
 still comes back as an error / timeout / crash outcome and the rollout goes on. A round's calls
-are split across the ranks in contiguous parts (dispatch protocol ``list_scatter``) and joined
-back in order. An environment instance travels between calls as a pickle, so the steps of one
-trajectory may run on different ranks. The run's Ray namespace, where :class:`PoolEnvRunner` finds
+are split across the ranks (dispatch protocol ``keyed_scatter``) and joined back in order. An
+environment instance travels between calls as a pickle, so the steps of one trajectory may run on
+different ranks; a sticky instance (``picklable = False``) stays in one worker process of one rank,
+which every call of its trajectory is sent to (the call's ``key``). The run's Ray namespace, where :class:`PoolEnvRunner` finds
 the tools pool, is handed to the rollout side by its :class:`~workers.host.WorkerHost` (a
 constructor argument of the policy / rollout worker), not kept in this module.
 """
@@ -40,9 +41,10 @@ class ToolsWorker:
     def __init__(self, cfg: ExperimentConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         mt = cfg.rollout.multi_turn
         self.rank, self.world_size = rank, world_size
-        self.runner = EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins)
+        # a rank gets the keys ≡ rank mod world_size (keyed_scatter); the stride spreads them over its workers
+        self.runner = EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins, key_stride=world_size)
 
-    @dispatch("list_scatter")
+    @dispatch("keyed_scatter")
     def run_env_calls(self, calls: list[EnvCall]) -> list[EnvOutcome]:
         """One :class:`EnvOutcome` per call, in order: status "ok" with its ``result``, or "error" |
         "timeout" | "crash" with a one-line ``message``. ``calls`` are :class:`MultiTurnRollout`'s

@@ -12,8 +12,11 @@ One instance per trajectory, built as ``Class(**row["extra_info"].get("env_kwarg
 Built-in environments register by name (:func:`register_environment`); ``rollout.environment``
 is a registered name or a ``"pkg.mod:Class"`` / ``"path/file.py:Class"`` spec, and a row's
 ``extra_info["agent_name"]`` picks a registered environment for that row. The tools form is the
-built-in environment ``tools`` (:class:`ToolEnvironment`). Environments must pickle (their state
-travels between the processes that execute steps, see :mod:`hybridflow.agents.remote`).
+built-in environment ``tools`` (:class:`ToolEnvironment`). Environments pickle (their state
+travels between the processes that execute steps, see :mod:`hybridflow.agents.remote`), unless the
+class declares ``picklable = False``: its instances are then sticky, each kept for its whole
+trajectory in the worker process that built it (sockets, subprocesses, live sessions), and
+``close()``, when the class has one, is called when the trajectory ends.
 """
 
 from __future__ import annotations
@@ -66,10 +69,19 @@ def load_environment(spec: str, key: str = "rollout.environment") -> Callable[..
     return cls
 
 
+_LOOP: list[asyncio.AbstractEventLoop] = []  # this process's loop for async environments (one, kept)
+
+
 def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call ``fn``; run the coroutine to completion when it is ``async``."""
+    """Call ``fn``; run the coroutine to completion when it is ``async``, on one event loop kept for
+    the process, so that what an async environment opened on it (a client session of a sticky
+    instance) is still usable at its next step."""
     out = fn(*args)
-    return asyncio.run(out) if inspect.isawaitable(out) else out
+    if not inspect.isawaitable(out):
+        return out
+    if not _LOOP or _LOOP[0].is_closed():
+        _LOOP[:] = [asyncio.new_event_loop()]
+    return _LOOP[0].run_until_complete(out)
 
 
 def normalise_step(out: Any) -> StepResult:

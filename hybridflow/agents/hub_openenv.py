@@ -10,10 +10,10 @@
   ``GenericEnvClient`` talks to a server made by ``openenv.core.env_server.create_app`` through its
   WebSocket session endpoint (``/ws``; the server's plain HTTP ``/reset`` and ``/step`` build a fresh
   environment per request, so they cannot hold an episode). An OpenEnv session lives as long as its
-  connection, and a hybridflow environment must pickle between steps, so each call opens a session,
-  resets with the seed, replays the episode's earlier actions, takes the new one and closes the
-  session. That needs an environment that is deterministic for a seed (a replay that ends on a
-  different observation raises), and costs ``turns·(turns+1)/2`` server steps per trajectory.
+  connection, so such an instance is sticky (``picklable = False``, :mod:`hybridflow.agents.remote`):
+  it stays in the environment worker that reset it, holding one open session for the whole episode
+  (one server step per turn), closed when the trajectory ends. The server needs one session per
+  trajectory running at once.
 
 The model's text becomes the action: ``Action(**{action_field: text})`` with the Action subclass
 named by ``action`` (a spec; ``action_field`` defaults to ``"message"``, the text field of openenv's
@@ -95,9 +95,11 @@ class OpenEnvEnvironment:
         self.invalid_action_reward, self.timeout_s = float(invalid_action_reward), float(timeout_s)
         self.system_prompt, self.instructions = system_prompt, instructions
         self.env: Any = None  # the in-process OpenEnv Environment
-        self.actions: list[dict[str, Any]] = []  # the episode's actions as sent (replayed over the network)
-        self.last: dict[str, Any] | None = None  # the last serialised observation (checks a replay)
+        self.client: Any = None  # the open session with the server (base_url)
+        self.last: dict[str, Any] | None = None  # the last serialised observation
         self.turns = 0
+        if base_url is not None:
+            self.picklable = False  # a live WebSocket session: the instance stays in one worker (sticky)
 
     # -- the two transports: each returns OpenEnv's wire form {"observation": {...}, "reward", "done"}
 
@@ -113,27 +115,26 @@ class OpenEnvEnvironment:
         return serialize_observation(self.env.step(action))
 
     def _remote(self, action: dict[str, Any] | None) -> dict[str, Any]:
-        """Open a session, reset, replay :attr:`actions`, take ``action`` (None: only reset), close."""
-        from openenv.core import GenericEnvClient
+        """None: open a session and reset (closing a previous one); else one step in the session."""
+        if action is None:
+            from openenv.core import GenericEnvClient
 
-        client = GenericEnvClient(self.base_url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s)
-        try:
-            client.connect()
-        except ConnectionError as e:
-            raise AgentLoadError(f"env_kwargs.base_url={self.base_url!r}: {str(e).splitlines()[0]}") from e
-        try:
+            self.close()
+            client = GenericEnvClient(self.base_url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s)
+            try:
+                client.connect()
+            except ConnectionError as e:
+                raise AgentLoadError(f"env_kwargs.base_url={self.base_url!r}: {str(e).splitlines()[0]}") from e
+            self.client = client
             res = client.reset(**self._reset_kwargs())
-            for sent in self.actions:
-                res = client.step(sent)
-            wire = {"observation": res.observation, "reward": res.reward, "done": res.done}
-            if self.actions and wire != self.last:
-                raise RuntimeError(f"the OpenEnv server at {self.base_url} replayed {len(self.actions)} actions from "
-                                   f"seed {self.seed} to another observation: it is not deterministic for a seed")  # fmt: skip
-            if action is not None:
-                res = client.step(action)
-                wire = {"observation": res.observation, "reward": res.reward, "done": res.done}
-            return wire
-        finally:
+        else:
+            res = self.client.step(action)
+        return {"observation": res.observation, "reward": res.reward, "done": res.done}
+
+    def close(self) -> None:
+        """Close the server session (called by the environment worker when the trajectory ends)."""
+        if self.client is not None:
+            client, self.client = self.client, None
             client.close()
 
     def _action(self, text: str) -> tuple[Any, str | None]:
@@ -156,7 +157,7 @@ class OpenEnvEnvironment:
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         require_openenv()
-        self.actions, self.turns = [], 0
+        self.turns = 0
         self.last = self._remote(None) if self.base_url is not None else self._local(None)
         text = render_observation(self.last["observation"], self.observation_field)
         return _opening(self.system_prompt, f"{self.instructions}\n{text}" if self.instructions else text)
@@ -169,8 +170,6 @@ class OpenEnvEnvironment:
         if why is not None:
             return StepResult(why, self.invalid_action_reward, False, {"invalid_moves": 1, "turns": self.turns})
         self.last = self._remote(action) if self.base_url is not None else self._local(action)
-        if self.base_url is not None:
-            self.actions.append(action)
         reward = self.last["reward"]
         info = {"invalid_moves": 0, "turns": self.turns}
         observation = render_observation(self.last["observation"], self.observation_field)

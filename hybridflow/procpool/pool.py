@@ -74,10 +74,13 @@ class CallKind:
 
 @dataclass
 class Unit:
-    """A chunk of rows run by one worker: row by row ("rows") or in one batched call ("batch")."""
+    """A chunk of rows run by one worker: row by row ("rows") or in one batched call ("batch").
+    worker: the index of the worker that must run it (a worker keeping state for it, e.g. a sticky
+    environment instance), None = any. A pinned unit waits for its worker, replaced or not."""
 
     kind: str
     rows: list[Row]
+    worker: int | None = None
 
 
 @dataclass
@@ -176,9 +179,17 @@ class ProcessPool:
         self.restarts += 1
 
     # ---- calls -----------------------------------------------------------------------------
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
     def run(self, units: list[Unit], timeout_s: float) -> dict[int, Outcome]:
         """Run all rows of ``units`` within one deadline, ``timeout_s`` from now; returns
-        {row index: (status, value)} for every row (see the module docstring)."""
+        {row index: (status, value)} for every row (see the module docstring). A unit pinned to a
+        worker (``Unit.worker``) runs only there. Raises ValueError for a pin outside the pool."""
+        bad = [u.worker for u in units if u.worker is not None and not 0 <= u.worker < len(self._workers)]
+        if bad:
+            raise ValueError(f"units pinned to worker {bad[0]} of a pool of {len(self._workers)}")
         self.wait_ready()  # workers replaced after the last call load first: not on this call's clock
         self._call += 1
         self._timeout_s = timeout_s
@@ -190,9 +201,12 @@ class ProcessPool:
             if time.monotonic() >= deadline:
                 self._time_out_the_rest()
                 break
-            for w in self._workers:
-                while w.ready and len(w.units) < _DEPTH and self._pending and self._assign(w, self._pending[0]):
-                    self._pending.popleft()
+            for i, w in enumerate(self._workers):
+                while w.ready and len(w.units) < _DEPTH:
+                    unit = next((u for u in self._pending if u.worker is None or u.worker == i), None)
+                    if unit is None or not self._assign(w, unit):
+                        break
+                    self._pending.remove(unit)
             starting, t0 = not any(w.ready for w in self._workers), time.monotonic()
             self._poll(deadline)
             if starting:  # no worker could run (all replaced after a crash): that time is not the rows'
@@ -288,7 +302,7 @@ class ProcessPool:
         failed = left if head.kind == "batch" else left[:1]
         for row, _ in failed:
             self._out[row] = (status, message)
-        rest = ([Unit(head.kind, left[len(failed) :])] if len(left) > len(failed) else []) + list(w.units)
+        rest = ([Unit(head.kind, left[len(failed) :], head.worker)] if len(left) > len(failed) else []) + list(w.units)
         self._pending.extendleft(reversed(rest))
         w.units.clear()
         w.done = set()

@@ -116,6 +116,52 @@ class PidLogEnv:
         return "noted", 0.5, False
 
 
+class LiveCounterEnv:
+    """A sticky environment (``picklable = False``): it holds one end of an open socket pair, which
+    cannot be pickled, and counts its steps through it (each step sends a byte and reads it back).
+    Observation "step <n> in <pid>"; reward n; done when the text contains "stop". ``close()`` appends
+    "<tag> closed after <n>" to the file ``log`` (env_kwargs)."""
+
+    picklable = False
+
+    def __init__(self, log: str = "", tag: str = "") -> None:
+        import socket
+
+        self.log, self.tag, self.n = log, tag, 0
+        self.a, self.b = socket.socketpair()
+
+    def reset(self, row):
+        return None
+
+    def step(self, text: str):
+        self.a.sendall(b"x")
+        self.n += len(self.b.recv(1))
+        return f"step {self.n} in {os.getpid()}", float(self.n), "stop" in text
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write(f"{self.tag} closed after {self.n}\n")
+
+
+class UndeclaredSocketEnv(LiveCounterEnv):
+    """The same environment without the declaration: its instance cannot travel as a pickle."""
+
+    picklable = True
+
+
+class ExitEnv:
+    """Kills its worker process at the first step (os._exit)."""
+
+    def reset(self, row):
+        return None
+
+    def step(self, text: str):
+        os._exit(3)
+
+
 def _gym_env_base():
     import gymnasium
 

@@ -3,7 +3,7 @@ reward nor an environment (``python -m tests.unit.procpool_toy FD``).
 
 Setup: a prefix string ("fail" makes loading raise). Requests: ("echo", x) → ("ok", prefix + x);
 ("raise", msg) raises ValueError; ("exit", code) ends the process; ("sleep", s) sleeps, then "ok";
-("lock",) returns an unpicklable value. Batched: no. Info: the worker's pid.
+("lock",) returns an unpicklable value; ("pid",) → ("ok", the worker's pid). Batched: no. Info: the worker's pid.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class ToyHandler:
             return "ok", "slept"
         if op == "lock":
             return "ok", threading.Lock()
+        if op == "pid":
+            return "ok", os.getpid()
         return "ok", self.prefix + request[1]
 
     def call_batch(self, requests: list[Any]) -> list[Outcome]:

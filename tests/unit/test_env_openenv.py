@@ -104,21 +104,30 @@ def count_up_server():
 
 def test_a_server_episode_through_openenvs_client_equals_the_in_process_one(count_up_server):
     remote = OpenEnvEnvironment(base_url=count_up_server, action=f"{FIXTURES}:CountAction", seed=14)
+    assert remote.picklable is False  # one live session per episode: a sticky instance
     assert remote.reset({}) == [{"role": "user", "content": "Count up from 4."}]
-    assert _play(remote, ["4", "5", "6"]) == WON  # each step replays the earlier ones in a new session
+    assert _play(remote, ["4", "5", "6"], pickled=False) == WON
+    remote.close()
     unchecked = OpenEnvEnvironment(base_url=count_up_server, seed=3)  # no action class: the dict is sent as is
     unchecked.reset({})
-    assert _play(unchecked, ["3", "5"]) == [("next", 0.25, False, 0), ("wrong: expected 4", -0.5, True, 0)]
+    assert _play(unchecked, ["3", "5"], pickled=False) == [("next", 0.25, False, 0), ("wrong: expected 4", -0.5, True, 0)]
+    unchecked.close()
 
 
-def test_a_replay_that_ends_on_another_observation_raises(count_up_server):
-    """The recorded observation after "4" is made to differ from what the server replays ("next")."""
-    env = OpenEnvEnvironment(base_url=count_up_server, action=f"{FIXTURES}:CountAction", seed=14)
-    env.reset({})
-    env.step("4")
-    env.last = {**env.last, "observation": {"prompt": "something else"}}
-    with pytest.raises(RuntimeError, match="replayed 1 actions from seed 14 to another observation"):
-        env.step("5")
+def test_server_episodes_run_sticky_in_the_environment_workers(count_up_server):
+    """Through the crash-proof pool: each trajectory's session lives in the worker that reset it."""
+    from hybridflow.agents.remote import EnvCall, EnvRunner
+
+    runner = EnvRunner(num_workers=2, timeout_s=30.0)
+    kwargs = {"base_url": count_up_server, "action": f"{FIXTURES}:CountAction", "seed": 14}
+    try:
+        resets = runner.run([EnvCall.reset("openenv", kwargs, {}, key=k) for k in (0, 1)])
+        assert all(o.ok and o.result.sticky for o in resets), [o.message for o in resets]
+        for text, want in zip(["4", "5", "6"], WON, strict=True):
+            outs = runner.run([EnvCall.step("openenv", b"", text, key=k) for k in (0, 1)])
+            assert [(o.result.observation, o.result.reward, o.result.done) for o in outs] == [want[:3]] * 2
+    finally:
+        runner.close()
 
 
 def test_a_server_that_does_not_answer_is_one_line_naming_base_url():

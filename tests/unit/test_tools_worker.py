@@ -1,4 +1,4 @@
-"""The ``tools`` role (workers/tools.py) without Ray: ToolsWorker ranks behind the ``list_scatter``
+"""The ``tools`` role (workers/tools.py) without Ray: ToolsWorker ranks behind the ``keyed_scatter``
 dispatch protocol drive the multi-turn loop exactly as the in-process EnvRunner does, failing tools
 included; the config rules of a tools pool; the loop's choice of runner."""
 
@@ -31,7 +31,7 @@ class LocalToolsPool:
         self.ranks, self.parts = ranks, []
 
     def run(self, requests):
-        proto = get_dispatch("list_scatter")
+        proto = get_dispatch("keyed_scatter")
         calls, info = proto.split((requests,), {}, len(self.ranks))
         results = []
         for rank, c in zip(self.ranks, calls, strict=True):
@@ -62,9 +62,24 @@ def test_list_scatter_cuts_contiguous_parts_and_joins_in_order():
         proto.split(("abc",), {}, 2)
 
 
-def test_tools_worker_is_the_tools_role_and_declares_list_scatter():
+def test_keyed_scatter_sends_a_key_to_one_rank_and_the_rest_to_the_least_loaded():
+    proto = get_dispatch("keyed_scatter")
+    items = [EnvCall.step("e", b"", "a", key=7), EnvCall.step("e", b"s", "b"), EnvCall.step("e", b"", "c", key=9),
+             EnvCall.step("e", b"s", "d"), EnvCall.step("e", b"", "e", key=4)]
+    calls, info = proto.split((items, "x"), {}, 3)
+    # in order: a (key 7) → rank 1; b (no key) → the least loaded, rank 0 (loads 0, 1, 0: the first);
+    # c (key 9) → rank 0; d → rank 2 (loads 2, 1, 0); e (key 4) → rank 1
+    assert [[c.text for c in part[0][0]] for part in calls] == [["b", "c"], ["a", "e"], ["d"]]
+    assert all(part[0][1] == "x" for part in calls)
+    assert proto.join([["B", "C"], ["A", "E"], ["D"]], info) == ["A", "B", "C", "D", "E"]
+    calls, info = proto.split(([EnvCall.step("e", b"", "a", key=5)],), {}, 3)
+    assert calls[0] is None and calls[1] is None and calls[2] is not None  # only rank 5 % 3 is called
+    assert proto.join([["A"]], info) == ["A"]  # the results of the called ranks only
+
+
+def test_tools_worker_is_the_tools_role_and_declares_keyed_scatter():
     assert role_class("tools") is ToolsWorker
-    assert ToolsWorker.run_env_calls.__hybridflow_dispatch__ == "list_scatter"
+    assert ToolsWorker.run_env_calls.__hybridflow_dispatch__ == "keyed_scatter"
 
 
 def test_tools_pool_ranks_run_the_loop_like_the_in_process_runner(tools_pool):

@@ -28,6 +28,8 @@ error observation).
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +56,9 @@ class Trajectory:
     messages: list[dict[str, Any]]
     extra_info: dict[str, Any] | None = None
     state: bytes | None = None  # the environment instance, pickled by an environment worker
+    key: int | None = None  # the trajectory's id in the environment pool (a sticky instance's, EnvCall.key)
+    sticky: bool = False  # the instance stays in one environment worker (picklable = False)
+    env_open: bool = False  # a sticky instance the worker still holds (closed at the end of the rollout)
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
@@ -117,6 +122,9 @@ class MultiTurnRollout:
         self.output_bytes = observation_byte_budget(self.mt.max_observation_tokens)
         self.per_turn = self.mt.max_tokens_per_turn or rollout_cfg.max_response_tokens
         self.continue_kv = self.mt.kv_cache and engine_capabilities(engine).continuing_kv
+        # trajectory keys: consecutive (so key % ranks and the workers of a rank take turns), from a random
+        # base (several rollout ranks share one tools pool)
+        self._keys = itertools.count(random.SystemRandom().getrandbits(40) << 20)
 
     @classmethod
     def from_config(cls, engine: Any, tokenizer: Any, cfg: Any, namespace: str | None = None) -> MultiTurnRollout:
@@ -142,14 +150,23 @@ class MultiTurnRollout:
             self._generate_turn(live, dataclasses.replace(sampling, n=1, seed=seed + 7919 * round_),
                                 sampling.max_new_tokens)  # fmt: skip
             stepping = [t for t in live if t.finish is None]
-            outcomes = self.runner.run([EnvCall.step(t.env, t.state, t.messages[-1]["content"], self.output_bytes)
-                                        for t in stepping])  # fmt: skip
+            outcomes = self.runner.run([EnvCall.step(t.env, t.state, t.messages[-1]["content"], self.output_bytes,
+                                                     key=t.key if t.sticky else None) for t in stepping])
             for t, outcome in zip(stepping, outcomes, strict=True):
                 self._after_step(t, outcome, sampling.max_new_tokens)
             round_ += 1
             if progress is not None:
                 progress(sum(t.finish is not None for t in trajs), len(trajs))
+        self._close_sticky(trajs)
         return self._output(trajs, counted=not (hasattr(batch, "meta") and is_padding(batch)))
+
+    def _close_sticky(self, trajs: list[Trajectory]) -> None:
+        """Drop the sticky instances the workers still hold (trajectories the rollout ended: max_turns,
+        length); a close that fails changes nothing of the trajectory."""
+        open_ = [t for t in trajs if t.env_open]
+        self.runner.run([EnvCall.close(t.env, t.key) for t in open_])
+        for t in open_:
+            t.env_open = False
 
     def _start(self, batch: Any, n: int) -> list[Trajectory]:
         """One Trajectory per (prompt, sample); the environments' reset runs here."""
@@ -161,7 +178,8 @@ class MultiTurnRollout:
             env = named or (row.get("extra_info") or {}).get("agent_name") or self.default_env
             prompt = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
             for _ in range(n):
-                trajs.append(Trajectory(prompt, env, list(row["prompt"] or []), row.get("extra_info")))
+                trajs.append(Trajectory(prompt, env, list(row["prompt"] or []), row.get("extra_info"),
+                                        key=next(self._keys)))
                 rows.append(row)
         outcomes = self.runner.run([self._reset_request(t, r) for t, r in zip(trajs, rows, strict=True)])
         for t, outcome in zip(trajs, outcomes, strict=True):
@@ -169,6 +187,7 @@ class MultiTurnRollout:
                 t.finish = "env_error"
                 continue
             t.state = outcome.result.state
+            t.sticky = t.env_open = outcome.result.sticky
             t.truncated += outcome.result.truncated > 0
             if outcome.result.messages is not None:
                 t.messages = list(outcome.result.messages)
@@ -229,6 +248,7 @@ class MultiTurnRollout:
         observation: Any = None
         if (res := outcome.result) is not None:
             t.state = res.state
+            t.env_open = t.sticky and not res.done  # a sticky instance is dropped by its worker at done
             if res.reward is not None:
                 t.reward = (t.reward or 0.0) + res.reward
             self._count(t, res.info)
@@ -277,7 +297,7 @@ class MultiTurnRollout:
                       "sandbox_walls": self.mt.sandbox_walls, "sandbox_disk_mb": self.mt.sandbox_disk_mb}  # fmt: skip
         else:
             kwargs = dict((row.get("extra_info") or {}).get("env_kwargs", {}))
-        return EnvCall.reset(t.env, kwargs, row, self.output_bytes)
+        return EnvCall.reset(t.env, kwargs, row, self.output_bytes, key=t.key)
 
     # ---- output --------------------------------------------------------------------------------
     def _output(self, trajs: list[Trajectory], counted: bool = True) -> MultiTurnOutput:
