@@ -35,7 +35,7 @@ class HarnessError(ValueError):
 class HarnessResult:
     """metrics: {"eval/<task>/<metric>": value} (lm-eval's "<metric>,<filter>" keys become
     "<metric>_<filter>" when the filter is not "none"; stderr keys dropped, NaN dropped);
-    samples: {task: [{"doc", "target", "response", "filtered", "<metric>": value}, ...]};
+    samples: {task: [{"doc", "target", "response", "filtered": {filter: answer}, "scores": {"<metric>_<filter>": value}}]};
     n_samples: {task: documents evaluated}; versions: {task: task version}."""
 
     metrics: dict[str, float]
@@ -178,16 +178,26 @@ def _flat_metrics(results: dict[str, Any]) -> dict[str, float]:
 
 
 def _samples(results: dict[str, Any], limit: int) -> dict[str, list[dict[str, Any]]]:
+    """One row per document (lm-eval logs one per filter): doc, target, response, and per filter the
+    extracted answer (``filtered``) and the scores (``scores``: "<metric>_<filter>" as in the metrics)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for task, rows in (results.get("samples") or {}).items():
-        kept = []
-        for s in rows[:limit]:
-            resp = s.get("resps") or [[""]]
-            kept.append({"doc": s.get("doc"), "target": s.get("target"),
-                         "response": resp[0][0] if resp and resp[0] else "",
-                         "filtered": (s.get("filtered_resps") or [""])[0],
-                         **{m: s[m] for m in s.get("metrics", []) if m in s}})
-        out[task] = kept
+        docs: dict[Any, dict[str, Any]] = {}
+        for s in rows:
+            row = docs.get(s.get("doc_id"))
+            if row is None:
+                if len(docs) == limit:
+                    continue
+                resp = s.get("resps") or [[""]]
+                row = docs[s.get("doc_id")] = {"doc": s.get("doc"), "target": s.get("target"),
+                                               "response": resp[0][0] if resp and resp[0] else "",
+                                               "filtered": {}, "scores": {}}
+            filt = s.get("filter", "none")
+            row["filtered"][filt] = (s.get("filtered_resps") or [""])[0]
+            for m in s.get("metrics", []):
+                if m in s:
+                    row["scores"][m if filt == "none" else f"{m}_{filt}"] = float(s[m])
+        out[task] = list(docs.values())
     return out
 
 

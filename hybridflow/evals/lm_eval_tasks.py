@@ -15,9 +15,10 @@ cannot vary per document, so rows with a system message are refused: lm-eval wou
 
 The answer is extracted the way the prompt asks for it (lm-eval's ``regex`` filter, the last
 match): ``\\boxed{...}`` (hybridflow's arith, countdown and GSM8K rows) or
-``<answer>...</answer>`` (reasoning-gym rows); scored by lm-eval's ``exact_match`` (case and
-surrounding whitespace ignored). That is exact string match, not the training reward's
-math-verify equivalence: ``\\boxed{4.0}`` against ``4`` scores 0 here and 1 in training.
+``<answer>...</answer>`` (reasoning-gym rows), and when every answer is a number also as the
+response's last number (lm-eval's gsm8k "flexible-extract"); scored by lm-eval's ``exact_match``
+(case, commas, ``$`` and a final period ignored). That is exact string match, not the training
+reward's math-verify equivalence: ``\\boxed{4.0}`` against ``4`` scores 0 here and 1 in training.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ ANSWER_FORMATS: dict[str, tuple[str, str]] = {
     "boxed": ("\\boxed{", r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}"),
     "answer_tag": ("<answer>", r"<answer>\s*(.*?)\s*</answer>"),
 }
+
+
+# the last number of a response (lm-eval's gsm8k "flexible-extract": a number of 2+ characters, else a digit)
+FLEXIBLE_NUMBER = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"
 
 
 @dataclass(frozen=True)
@@ -77,11 +82,29 @@ def _document(row: dict[str, Any], i: int) -> dict[str, Any]:
             "data_source": str(row.get("data_source", ""))}
 
 
-def task_config(name: str, docs_path: Path, answer_format: str, max_gen_toks: int) -> dict[str, Any]:
+def is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def task_config(name: str, docs_path: Path, answer_format: str, max_gen_toks: int, numeric: bool = False) -> dict[str, Any]:
     """The lm-eval task YAML (as a dict) for ``docs_path``: generate_until, greedy, stop at EOS
     only (lm-eval's default stop, a blank line, would cut a chain of thought), the answer
-    extracted by :data:`ANSWER_FORMATS` ``[answer_format]``, exact_match."""
+    extracted by :data:`ANSWER_FORMATS` ``[answer_format]`` (metric ``exact_match_<format>``) and,
+    when every answer is a number (``numeric``), also as the response's last number (metric
+    ``exact_match_flexible``: lm-eval's gsm8k "flexible-extract" filter), exact_match with commas,
+    dollar signs and a final period ignored."""
     pattern = ANSWER_FORMATS[answer_format][1]
+    filters = [{"name": answer_format, "filter": [
+        {"function": "regex", "regex_pattern": pattern, "group_select": -1, "fallback": "[no answer]"},
+        {"function": "take_first"}]}]
+    if numeric:
+        filters.append({"name": "flexible", "filter": [
+            {"function": "regex", "regex_pattern": FLEXIBLE_NUMBER, "group_select": -1, "fallback": "[no answer]"},
+            {"function": "take_first"}]})
     return {
         "task": name,
         "dataset_path": "json",
@@ -91,11 +114,9 @@ def task_config(name: str, docs_path: Path, answer_format: str, max_gen_toks: in
         "doc_to_text": "{{question}}",
         "doc_to_target": "{{answer}}",
         "generation_kwargs": {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False, "temperature": 0.0},
-        "filter_list": [{"name": answer_format, "filter": [
-            {"function": "regex", "regex_pattern": pattern, "group_select": -1, "fallback": "[no answer]"},
-            {"function": "take_first"}]}],
+        "filter_list": filters,
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
-                         "ignore_case": True, "ignore_punctuation": False}],
+                         "ignore_case": True, "ignore_punctuation": False, "regexes_to_ignore": [",", r"\$", r"\.$"]}],
         "metadata": {"version": 1.0, "source": "hybridflow data lm-eval-task"},
     }
 
@@ -116,5 +137,6 @@ def write_local_task(rows: list[dict[str, Any]], name: str, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     docs_path, yaml_path = out / f"{name}.jsonl", out / f"{name}.yaml"
     docs_path.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    yaml_path.write_text(yaml.safe_dump(task_config(name, docs_path, fmt, max_gen_toks), sort_keys=False))
+    numeric = all(is_number(d["answer"]) for d in docs)
+    yaml_path.write_text(yaml.safe_dump(task_config(name, docs_path, fmt, max_gen_toks, numeric), sort_keys=False))
     return LocalTask(name, yaml_path, docs_path, len(docs), fmt)

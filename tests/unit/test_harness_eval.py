@@ -13,7 +13,7 @@ import yaml
 from hybridflow.config import ConfigError, load_config
 from hybridflow.data.tasks import make_arith
 from hybridflow.evals.harness import HarnessError, check_tasks, run_lm_eval
-from hybridflow.evals.lm_eval_tasks import ANSWER_FORMATS, write_local_task
+from hybridflow.evals.lm_eval_tasks import ANSWER_FORMATS, FLEXIBLE_NUMBER, write_local_task
 
 
 def _rg_row(question: str, answer: str) -> dict:
@@ -34,8 +34,11 @@ def test_a_local_task_holds_the_rows_and_extracts_the_format_the_prompt_asks_for
     docs = [json.loads(line) for line in task.docs_path.read_text().splitlines()]
     assert [d["question"] for d in docs] == [r["prompt"][-1]["content"] for r in rows]
     assert [d["answer"] for d in docs] == [r["reward_model"]["ground_truth"] for r in rows]
+    assert [f["name"] for f in cfg["filter_list"]] == ["boxed", "flexible"]  # numeric answers: both
     rg = write_local_task([_rg_row("What is 2 + 3?", "5")], "rg_t", tmp_path)
     assert rg.answer_format == "answer_tag"
+    words = write_local_task([_rg_row("Spell cat backwards.", "tac")], "rg_w", tmp_path)
+    assert [f["name"] for f in yaml.safe_load(words.yaml_path.read_text())["filter_list"]] == ["answer_tag"]
 
 
 @pytest.mark.parametrize(("fmt", "response", "want"), [
@@ -45,19 +48,28 @@ def test_a_local_task_holds_the_rows_and_extracts_the_format_the_prompt_asks_for
     ("boxed", "the answer is 7", "[no answer]"),
     ("answer_tag", "thinking... <answer> 42 </answer>", "42"),
     ("answer_tag", "<answer>1</answer> then <answer>2</answer>", "2"),
+    ("flexible", "19 - 8 = 11", "11"),  # the last number, without \boxed
+    ("flexible", "so x is -5.", "-5."),  # the final period is ignored by the metric (below)
+    ("flexible", "it costs $1,200", "$1,200"),
+    ("flexible", "no digits", "[no answer]"),
 ])
 def test_lm_eval_s_own_regex_filter_extracts_the_answer(fmt, response, want):
     from lm_eval.filters.extraction import RegexFilter
 
-    f = RegexFilter(regex_pattern=ANSWER_FORMATS[fmt][1], group_select=-1, fallback="[no answer]")
+    pattern = FLEXIBLE_NUMBER if fmt == "flexible" else ANSWER_FORMATS[fmt][1]
+    f = RegexFilter(regex_pattern=pattern, group_select=-1, fallback="[no answer]")
     assert list(f.apply([[response]], [{}]))[0] == [want]
 
 
-def test_exact_match_ignores_case_not_value():
+def test_exact_match_ignores_case_commas_dollars_and_a_final_period_not_value(tmp_path):
     from lm_eval.api.metrics import exact_match_hf_evaluate
 
-    got = exact_match_hf_evaluate(predictions=["7", "Yes", "7.0"], references=["7", "yes", "7"], ignore_case=True)
-    assert got["exact_match"] == pytest.approx(2 / 3)  # 7.0 ≠ 7: string match, as docs/evaluation.md says
+    task = write_local_task(make_arith(1, difficulty=0, seed=3), "arith_t", tmp_path)
+    metric = yaml.safe_load(task.yaml_path.read_text())["metric_list"][0]
+    kwargs = {k: metric[k] for k in ("ignore_case", "ignore_punctuation", "regexes_to_ignore")}
+    got = exact_match_hf_evaluate(predictions=["7", "Yes", "7.0", "-5.", "$1,200"],
+                                  references=["7", "yes", "7", "-5", "1200"], **kwargs)
+    assert got["exact_match"] == pytest.approx(4 / 5)  # 7.0 ≠ 7: string match, as docs/evaluation.md says
 
 
 @pytest.mark.parametrize(("rows", "msg"), [
@@ -110,7 +122,7 @@ def test_lm_eval_generates_what_greedy_generate_does_with_the_chat_template(tmp_
     write_local_task(rows, "arith_t", tmp_path, max_gen_toks=12)
     result = run_lm_eval(model, tok, ["arith_t"], include_path=str(tmp_path), batch_size=2)
     assert result.n_samples == {"arith_t": 3}
-    assert set(result.metrics) == {"eval/arith_t/exact_match_boxed"}
+    assert set(result.metrics) == {"eval/arith_t/exact_match_boxed", "eval/arith_t/exact_match_flexible"}
     for row, sample in zip(rows, result.samples["arith_t"], strict=True):
         ids = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, return_tensors="pt", return_dict=True)
         with torch.no_grad():
@@ -118,6 +130,10 @@ def test_lm_eval_generates_what_greedy_generate_does_with_the_chat_template(tmp_
         want = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
         assert sample["response"] == want
         assert sample["doc"]["question"] == row["prompt"][-1]["content"]
+        assert set(sample["filtered"]) == {"boxed", "flexible"}
+    for name in ("exact_match_boxed", "exact_match_flexible"):  # the metric is the mean of the documents' scores
+        scores = [s["scores"][name] for s in result.samples["arith_t"]]
+        assert result.metrics[f"eval/arith_t/{name}"] == pytest.approx(sum(scores) / len(scores))
     plain = run_lm_eval(model, tok, ["arith_t"], include_path=str(tmp_path), batch_size=2, limit=1,
                         apply_chat_template=False)
     assert plain.n_samples == {"arith_t": 1}
