@@ -82,7 +82,10 @@ def _track(cfg: ExperimentConfig, target: EvalTarget, summary: dict[str, Any], s
 
         client, run_id = MlflowClient(tracking_uri(cfg)), mlflow_run_id
         now = int(time.time() * 1000)
-        client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in sorted(summary["metrics"].items())])
+        from hybridflow.metrics import sanitize_metric_name
+
+        client.log_batch(run_id, metrics=[Metric(sanitize_metric_name(k), float(v), now, step)
+                                          for k, v in sorted(summary["metrics"].items())])
     else:
         tracker = Tracker(cfg, run_name=f"lm-eval-{target.label}",
                           tags={"hybridflow.kind": "harness-evaluate", "hybridflow.evaluated": target.label,
