@@ -42,7 +42,7 @@ def test_unknown_deployment_name_lists_the_known_ones(capsys):
     args = build_parser().parse_args(["deploy", "--api-url", "http://127.0.0.1:9/api", "-n", "nightly"])
     assert cli_deploy.run(args) == 1  # fails on the name before contacting any server
     err = capsys.readouterr().err
-    assert "unknown deployment nightly; the file has: train, evaluate-nightly, continue-training" in err
+    assert "unknown deployment nightly; the file has: train, evaluate-nightly, lm-eval-latest, continue-training" in err
 
 
 def test_missing_project_file_is_reported(tmp_path, capsys):
@@ -157,7 +157,7 @@ def test_add_arguments_defaults():
 
 
 @pytest.mark.parametrize(
-    "names,expected", [([], ["train", "evaluate-nightly", "continue-training"]), (["train"], ["train"])]
+    "names,expected", [([], ["train", "evaluate-nightly", "lm-eval-latest", "continue-training"]), (["train"], ["train"])]
 )
 def test_select_deployments(names, expected):
     spec = deployments.load_prefect_yaml(PREFECT_YAML)
