@@ -216,7 +216,7 @@ def test_an_openenv_environment_trains_one_iteration(prefect_api, ray_cluster, t
 
     rows = []
     for i in range(4):
-        kwargs = {"env": "tests.unit.agent_fixtures:CountUpEnv", "action": "tests.unit.agent_fixtures:CountAction",
+        kwargs = {"env": "tests.unit.openenv_fixtures:CountUpEnv", "action": "tests.unit.openenv_fixtures:CountAction",
                   "seed": i, "instructions": "Reply with the next number only."}  # fmt: skip
         rows.append({"data_source": "openenv/CountUp", "prompt": OpenEnvEnvironment(**kwargs).reset({}),
                      "ability": "game", "reward_model": {"style": "environment", "ground_truth": f"seed {i}"},

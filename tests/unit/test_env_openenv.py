@@ -1,5 +1,5 @@
 """The OpenEnv adapter (hybridflow/agents/hub_openenv.py) on openenv-core itself: an OpenEnv
-Environment (tests/unit/agent_fixtures.py CountUpEnv, built on openenv's Environment / Action /
+Environment (tests/unit/openenv_fixtures.py CountUpEnv, built on openenv's Environment / Action /
 Observation) played in-process and through openenv's own client against openenv's own server app on
 127.0.0.1; the model's text as the Action's field; invalid moves; one-line errors."""
 
@@ -17,7 +17,7 @@ from hybridflow.agents import AgentLoadError, load_environment, normalise_step
 from hybridflow.agents.hub_openenv import OPENENV_VERSION, OpenEnvEnvironment
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = "tests.unit.agent_fixtures"
+FIXTURES = "tests.unit.openenv_fixtures"
 LOCAL = {"env": f"{FIXTURES}:CountUpEnv", "action": f"{FIXTURES}:CountAction"}
 
 
