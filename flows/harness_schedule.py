@@ -25,9 +25,14 @@ class HarnessSchedule:
     run's config.yaml and its checkpoints there); ``mlflow_run_id``: the training's MLflow run."""
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str, mlflow_run_id: str | None):
+        from prefect.settings import PREFECT_API_URL
+
         self.cfg, self.run_dir, self.mlflow_run_id = cfg, run_dir, mlflow_run_id
         self._pool: cf.ThreadPoolExecutor | None = None
         self.futures: dict[int, cf.Future] = {}
+        # the Prefect API the train flow talks to: a thread starts from Prefect's global settings, not from
+        # the caller's settings context (temporary_settings), so the evaluations' flow runs get it explicitly
+        self._api_url = PREFECT_API_URL.value()
 
     @property
     def enabled(self) -> bool:
@@ -55,13 +60,19 @@ class HarnessSchedule:
         self.futures[iteration] = self._pool.submit(self._evaluate, iteration)
 
     def _evaluate(self, iteration: int) -> dict[str, Any]:
+        from contextlib import nullcontext
+
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
         from flows.harness_eval import harness_evaluate
         from hybridflow.layout import CONFIG
 
-        if iteration == 0:  # the initial model under the run's config, logged at step 0
-            return harness_evaluate(model=self.cfg.model.path, config_path=f"{self.run_dir}/{CONFIG}",
-                                    mlflow_run_id=self.mlflow_run_id)
-        return harness_evaluate(run_dir=self.run_dir, checkpoint=iteration, mlflow_run_id=self.mlflow_run_id)
+        api = temporary_settings(updates={PREFECT_API_URL: self._api_url}) if self._api_url else nullcontext()
+        with api:
+            if iteration == 0:  # the initial model under the run's config, logged at step 0
+                return harness_evaluate(model=self.cfg.model.path, config_path=f"{self.run_dir}/{CONFIG}",
+                                        mlflow_run_id=self.mlflow_run_id)
+            return harness_evaluate(run_dir=self.run_dir, checkpoint=iteration, mlflow_run_id=self.mlflow_run_id)
 
     def finish(self, *, wait: bool, logger: Any) -> dict[str, Any]:
         """Wait for the evaluations started (``wait``; up to trainer.eval.timeout_s each) or cancel
