@@ -81,6 +81,27 @@ def resolve_target(run_dir: str | None, checkpoint: str | int, model: str | None
     return EvalTarget(path, path)
 
 
+def _target_and_config(run_dir: str | None, checkpoint: str | int, model: str | None, config_path: str | None,
+                       overrides: list[str] | None) -> tuple[EvalTarget, ExperimentConfig]:
+    """What is evaluated and the config it is read with: a run's checkpoint under the run's config.yaml
+    (or ``config_path``), else ``model`` (default: the config's) under ``config_path`` + ``overrides``."""
+    if run_dir:
+        return resolve_target(run_dir, checkpoint, model, ""), load_config(config_path or Path(run_dir) / CONFIG,
+                                                                           overrides)
+    cfg = load_config(config_path, overrides)
+    return resolve_target(None, checkpoint, model, cfg.model.path), cfg
+
+
+def _with_target_model(cfg: ExperimentConfig, target: EvalTarget) -> dict[str, Any]:
+    """``cfg`` as a dict with the target as its model (LoRA off: checkpoints are merged; a checkpoint
+    holds its tokenizer)."""
+    d = cfg.model_dump(mode="json")
+    d["model"].update(path=target.model_path, lora_rank=0)
+    if target.checkpoint_dir:
+        d["model"]["tokenizer_path"] = None
+    return d
+
+
 def _check_data_files(files: list[str]) -> None:
     import fsspec
 
@@ -114,10 +135,7 @@ def eval_config(
     critic switched off: evaluation needs neither). Raises ValueError for bad arguments or
     when there is no data; FileNotFoundError for a missing data file."""
     _check_sampling(samples_per_prompt, temperature, max_prompts)
-    d = cfg.model_dump(mode="json")
-    d["model"].update(path=target.model_path, lora_rank=0)
-    if target.checkpoint_dir:
-        d["model"]["tokenizer_path"] = None  # the checkpoint holds its tokenizer
+    d = _with_target_model(cfg, target)
     files = list(data_files) if data_files else list(d["data"]["val_files"])
     if not files:
         raise ValueError("no evaluation data: pass data_files (hybridflow eval --data FILE) or set data.val_files")
@@ -156,12 +174,7 @@ def plan_evaluation(
     FileNotFoundError (missing model, data, run)."""
     from hybridflow.agents.checks import check_user_code
 
-    if run_dir:
-        target = resolve_target(run_dir, checkpoint, model, "")
-        cfg = load_config(config_path or Path(run_dir) / CONFIG, overrides)
-    else:
-        cfg = load_config(config_path, overrides)
-        target = resolve_target(None, checkpoint, model, cfg.model.path)
+    target, cfg = _target_and_config(run_dir, checkpoint, model, config_path, overrides)
     check_user_code(cfg)  # the tools / environment a multi-turn evaluation runs
     return target, eval_config(cfg, target, data_files=data_files, samples_per_prompt=samples_per_prompt,
                                temperature=temperature, max_prompts=max_prompts)
@@ -172,10 +185,7 @@ def harness_config(cfg: ExperimentConfig, target: EvalTarget, eval_overrides: di
     target model (LoRA off: checkpoints are merged), ``trainer.eval`` updated with
     ``eval_overrides`` (tasks, include_path, limit, ...), and an evaluator pool when the config
     places none (one worker, ``trainer.eval.cpus``). Raises ValueError / ConfigError for bad fields."""
-    d = cfg.model_dump(mode="json")
-    d["model"].update(path=target.model_path, lora_rank=0)
-    if target.checkpoint_dir:
-        d["model"]["tokenizer_path"] = None  # the checkpoint holds its tokenizer
+    d = _with_target_model(cfg, target)
     d["trainer"]["eval"].update({k: v for k, v in (eval_overrides or {}).items() if v is not None})
     d["trainer"]["eval"]["every"] = 0  # one evaluation, not a schedule
     if not any("evaluator" in p["roles"] for p in d["placement"]["pools"].values()):
@@ -198,12 +208,7 @@ def plan_harness_evaluation(
     Raises ValueError (HarnessError, ConfigError) or FileNotFoundError."""
     from hybridflow.evals.harness import check_tasks
 
-    if run_dir:
-        target = resolve_target(run_dir, checkpoint, model, "")
-        cfg = load_config(config_path or Path(run_dir) / CONFIG, overrides)
-    else:
-        cfg = load_config(config_path, overrides)
-        target = resolve_target(None, checkpoint, model, cfg.model.path)
+    target, cfg = _target_and_config(run_dir, checkpoint, model, config_path, overrides)
     hcfg = harness_config(cfg, target, eval_overrides)
     check_tasks(hcfg.trainer.eval.tasks, hcfg.trainer.eval.include_path)
     return target, hcfg

@@ -41,13 +41,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:60] or "model"
 
 
-def _eval_context(target: EvalTarget, cfg: ExperimentConfig) -> RunContext:
+def eval_context(target: EvalTarget, cfg: ExperimentConfig, kind: str = "eval") -> RunContext:
+    """A fresh ``<kind>-<time>-<what>-<id>`` folder under the run's ``evals/`` (a model's: under
+    ``trainer.run_dir``) holding ``config.yaml``, and its RunContext (a Ray namespace of its own)."""
     from workers.pool import namespace_for
 
-    eval_id = f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{_slug(target.label)}-{uuid.uuid4().hex[:6]}"
+    eval_id = f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{_slug(target.label)}-{uuid.uuid4().hex[:6]}"
     parent = Path(target.run_dir) / "evals" if target.run_dir else Path(cfg.trainer.run_dir) / "evals"
     eval_dir = (parent / eval_id).resolve()
-    result_storage_path(str(eval_dir)).mkdir(parents=True, exist_ok=True)
+    eval_dir.mkdir(parents=True, exist_ok=True)
     (eval_dir / "config.yaml").write_text(dump_config(cfg))
     return RunContext(eval_id, str(eval_dir), target.step or 0, namespace_for(eval_id), cfg.trainer.seed,
                       cfg.model_dump(mode="json"))
@@ -178,7 +180,8 @@ def evaluate(
     logger = get_run_logger()
     if samples_per_prompt > 1 and temperature == 0:
         logger.warning("%d samples per prompt at temperature 0 are identical: pass@k = mean@k", samples_per_prompt)
-    run = _eval_context(target, cfg)
+    run = eval_context(target, cfg)
+    result_storage_path(run.run_dir).mkdir(parents=True, exist_ok=True)
     prompts, tokenizer = _save_prompts(run, cfg)
     logger.info("evaluating %s on %d prompts of %s (k=%d, temperature %g) in %s", target.label,
                 prompts.ref.rows, cfg.data.val_files, samples_per_prompt, temperature, run.run_dir)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +27,8 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 
 from flows.eval_plan import EvalTarget, plan_harness_evaluation
-from hybridflow.config import ExperimentConfig, dump_config
-from tasks.common import RunContext
+from flows.evaluate import eval_context
+from hybridflow.config import ExperimentConfig
 
 
 def _jsonable(value: Any) -> Any:
@@ -43,19 +41,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-
-
-def _context(target: EvalTarget, cfg: ExperimentConfig) -> RunContext:
-    from flows.evaluate import _slug
-    from workers.pool import namespace_for
-
-    eval_id = f"harness-{time.strftime('%Y%m%d-%H%M%S')}-{_slug(target.label)}-{uuid.uuid4().hex[:6]}"
-    parent = Path(target.run_dir) / "evals" if target.run_dir else Path(cfg.trainer.run_dir) / "evals"
-    eval_dir = (parent / eval_id).resolve()
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    (eval_dir / "config.yaml").write_text(dump_config(cfg))
-    return RunContext(eval_id, str(eval_dir), target.step or 0, namespace_for(eval_id), cfg.trainer.seed,
-                      cfg.model_dump(mode="json"))
 
 
 def markdown_table(label: str, step: int | None, metrics: dict[str, float], n_samples: dict[str, int]) -> str:
@@ -74,18 +59,12 @@ def _track(cfg: ExperimentConfig, target: EvalTarget, summary: dict[str, Any], s
     of its own; harness.json and samples.jsonl as artifacts. Fills summary's MLflow ids."""
     from mlflow.tracking import MlflowClient
 
-    from flows.tracking import Tracker, tracking_uri
+    from flows.tracking import Tracker, log_metrics, tracking_uri
 
     step = target.step or 0
     if mlflow_run_id:
-        from mlflow.entities import Metric
-
         client, run_id = MlflowClient(tracking_uri(cfg)), mlflow_run_id
-        now = int(time.time() * 1000)
-        from hybridflow.metrics import sanitize_metric_name
-
-        client.log_batch(run_id, metrics=[Metric(sanitize_metric_name(k), float(v), now, step)
-                                          for k, v in sorted(summary["metrics"].items())])
+        log_metrics(client, run_id, summary["metrics"], step)
     else:
         tracker = Tracker(cfg, run_name=f"lm-eval-{target.label}",
                           tags={"hybridflow.kind": "harness-evaluate", "hybridflow.evaluated": target.label,
@@ -152,7 +131,7 @@ def harness_evaluate(
         from flows.run_dir import RunDir
 
         mlflow_run_id = RunDir(target.run_dir).run_info().get("mlflow_run_id")
-    run = _context(target, cfg)
+    run = eval_context(target, cfg, "harness")
     ev = cfg.trainer.eval
     logger.info("lm-eval %s on %s (limit %s) in %s", target.label, ",".join(ev.tasks), ev.limit, run.run_dir)
     with open_pools(cfg, ("evaluator",), namespace=run.namespace):

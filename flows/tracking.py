@@ -51,6 +51,22 @@ def _sanitize(name: str) -> str:
     return sanitize_metric_name(name)
 
 
+def log_metrics(client: Any, run_id: str, metrics: dict[str, float], step: int) -> dict[str, float]:
+    """Log ``metrics`` at ``step`` into MLflow run ``run_id`` (names sanitized, None and non-finite values
+    dropped, batches of 500); returns what was logged. Also for a run this process does not own (a
+    harness evaluation logging into its training's run)."""
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    clean = {_sanitize(k): float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+    items = [Metric(k, v, now, step) for k, v in sorted(clean.items())]
+    for i in range(0, len(items), 500):
+        client.log_batch(run_id, metrics=items[i : i + 500])
+    return clean
+
+
 class Tracker:
     """Thin wrapper over MlflowClient (thread-safe, no global active-run state)."""
 
@@ -96,16 +112,7 @@ class Tracker:
         self.client.set_tag(self.run_id, key, value)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        clean = {_sanitize(k): float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-        items = [Metric(k, v, now, step) for k, v in sorted(clean.items())]
-        for i in range(0, len(items), 500):
-            self.client.log_batch(self.run_id, metrics=items[i : i + 500])
-        self.history.append((step, clean))
+        self.history.append((step, log_metrics(self.client, self.run_id, metrics, step)))
 
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
         """A table of sample generations (prompt, response, score) as a JSON artifact."""
