@@ -101,13 +101,16 @@ class GroupStreamer:
     if the inbox has it (submission order; False: not yet published); version: ``() -> int``, the
     loaded version; lock: held around each engine call and weights load (the worker's);
     newer_weights: ``() -> bool``, whether the inbox holds weights newer than those loaded (called
-    during an engine call, without the lock; None: calls are cut at every chunk boundary).
+    during an engine call, without the lock; None: calls are cut at every chunk boundary);
+    pause: ``rollout.partial: pause`` — an elastic call that newer weights interrupt loads them in
+    place and its unfinished rows go on generating on the engine's KV cache (capability
+    ``partial_rollout_pause``; completion order only). Raises ValueError when the engine lacks it.
     """
 
     def __init__(self, engine: Any, sampling: Any, *, pad_id: int, chunk_tokens: int, batch_rows: int, order: str,
                  group_size_iter: int, max_staleness: int, load_newest: Callable[[], int],
                  load_version: Callable[[int], bool], version: Callable[[], int], lock: threading.Lock,
-                 newer_weights: Callable[[], bool] | None = None) -> None:
+                 newer_weights: Callable[[], bool] | None = None, pause: bool = False) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"rollout.partial_chunk_tokens must be ≥ 1, got {chunk_tokens}")
         if order not in ("completion", "submission"):
@@ -120,15 +123,20 @@ class GroupStreamer:
         from workers.rollout.capabilities import engine_capabilities
 
         # one engine call per response, interrupted at a chunk boundary when newer weights arrive
-        self.elastic = (order == "completion" and newer_weights is not None
-                        and engine_capabilities(engine).partial_rollout_interrupt)
+        caps = engine_capabilities(engine)
+        self.elastic = order == "completion" and newer_weights is not None and caps.partial_rollout_interrupt
+        if pause and not (self.elastic and caps.partial_rollout_pause):
+            raise ValueError(f"rollout.partial=pause: {type(engine).__name__} does not pause in place here "
+                             f"(offers {', '.join(caps.partial_modes)}; pause needs trainer.stream_order=completion)")
+        self.pause = pause
+        self._call_versions: list[int] = []  # versions loaded during the current engine call, in order
         self.groups: dict[int, _Group] = {}  # submitted, not yet taken
         self._done_seq = 0
         self._cv = threading.Condition()
         self._stop = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self.stats = {"chunks": 0, "calls": 0, "interrupted_rows": 0, "weight_loads": 0, "tokens": 0,
+        self.stats = {"chunks": 0, "calls": 0, "interrupted_rows": 0, "paused_rows": 0, "weight_loads": 0, "tokens": 0,
                       "prefill_tokens": 0, "idle_s": 0.0, "busy_s": 0.0}
 
     # ---- the driver's side (called from the pool's method threads) ----------------------------
@@ -157,7 +165,8 @@ class GroupStreamer:
 
     def take_stats(self) -> dict[str, float]:
         """The counters since the last call (then reset): chunks (row-chunks), engine calls,
-        interrupted_rows (unfinished rows when new weights loaded), weight_loads, tokens generated,
+        interrupted_rows (unfinished rows when new weights loaded), paused_rows (those of them that
+        went on in place, ``pause``), weight_loads, tokens generated,
         prefill_tokens (prompt + prefix tokens fed to the engine), idle_s / busy_s (seconds)."""
         with self._cv:
             out = dict(self.stats)
@@ -322,6 +331,20 @@ class GroupStreamer:
         """An elastic call's ``interrupt``: at a chunk boundary, newer weights or a stop end it."""
         return k % self.chunk_tokens == 0 and self._should_interrupt()
 
+    def _pause(self, unfinished: int) -> bool:
+        """A pausing call's ``pause``: the engine runs no step; load the newest weights (the lock is
+        held by :meth:`_generate`) and let its ``unfinished`` rows go on. False when stopping."""
+        if self._stop:
+            return False
+        before = self._version()
+        loaded = self._load_newest()
+        if loaded != before:
+            self._call_versions.append(loaded)
+            self.stats["weight_loads"] += 1
+            self.stats["interrupted_rows"] += unfinished
+            self.stats["paused_rows"] += unfinished
+        return True
+
     def _room(self, generated: int) -> int:
         """New tokens one call may add to a row that has ``generated``: a chunk, or (elastic) the
         rest of the response."""
@@ -368,7 +391,10 @@ class GroupStreamer:
         self.stats["calls"] += 1
         self.stats["prefill_tokens"] += int(mask.sum())
         self.engine.wake_up()
+        self._call_versions = [self._version()]
         try:
+            if self.pause:
+                return self.engine.generate(ids, mask, sampling, interrupt=self._interrupt, pause=self._pause)
             if self.elastic:
                 return self.engine.generate(ids, mask, sampling, interrupt=self._interrupt)
             return self.engine.generate(ids, mask, sampling)
@@ -376,15 +402,19 @@ class GroupStreamer:
             self.engine.sleep()
 
     def _append(self, row: _Row, out: Any, i: int, version: int) -> None:
-        """Add output row ``i`` (sampled under ``version``) to ``row``, at most up to
-        max_new_tokens; a row cut there ends with finish "length"."""
+        """Add output row ``i`` (sampled under ``version``; a paused call's tokens under the version
+        its ``weight_epochs`` name) to ``row``, at most up to max_new_tokens; a row cut there ends
+        with finish "length"."""
         k = int(out.response_mask[i].sum())
         left = self.sampling.max_new_tokens - len(row.tokens)
         cut = k > left
         k = min(k, left)
         row.tokens += out.response_ids[i, :k].tolist()
         row.log_probs += out.rollout_log_probs[i, :k].float().tolist()
-        row.versions += [version] * k
+        if out.weight_epochs is None:
+            row.versions += [version] * k
+        else:
+            row.versions += [self._call_versions[e] for e in out.weight_epochs[i, :k].tolist()]
         self.stats["tokens"] += k
         self.stats["chunks"] += 1
         if out.finish_reason[i] == "stop" and not cut:

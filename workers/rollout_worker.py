@@ -157,7 +157,7 @@ class RolloutWorker(Generation, WeightsEndpoint):
                 order=cfg.trainer.stream_order,
                 group_size_iter=cfg.data.prompts_per_iteration, max_staleness=cfg.trainer.max_staleness,
                 load_newest=self._load_newest, load_version=self._load_exact, version=lambda: self.weights_version,
-                lock=self._lock, newer_weights=self._newer_weights)
+                lock=self._lock, newer_weights=self._newer_weights, pause=cfg.rollout.partial == "pause")
         self._stream.start()
         return self._stream
 

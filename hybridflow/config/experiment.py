@@ -292,8 +292,15 @@ class ExperimentConfig(_Section):
         if r.partial not in STREAM_PARTIAL_MODES[r.engine]:
             raise ValueError(
                 f"rollout.partial={r.partial}: the {r.engine} engine offers {', '.join(STREAM_PARTIAL_MODES[r.engine])} "
-                "(pausing in place would keep a KV cache computed by the old weights; hybridflow aborts and re-prefills "
-                "under the new ones instead): use rollout.partial=abort")
+                "(it cannot keep its requests and their KV cache while new weights load; it aborts and re-prefills "
+                "under the new ones instead): use rollout.partial=abort, or rollout.engine=vllm")
+        if r.partial == "pause" and t.stream_order == "submission":
+            raise ValueError("rollout.partial=pause with trainer.stream_order=submission: the submission order's fixed "
+                             "schedule changes weights only between chunks; use stream_order=completion or partial=abort")
+        if r.partial == "pause" and self.model.lora_rank > 0:
+            raise ValueError(f"rollout.partial=pause with model.lora_rank={self.model.lora_rank}: a vLLM request keeps "
+                             "the LoRA adapter it started with, so a paused request would go on with the old adapter; "
+                             "use rollout.partial=abort")
         if r.is_multi_turn:
             raise ValueError("trainer.async_mode=stream generates single-turn groups; multi-turn rollouts "
                              "(rollout.tools / rollout.environment) run with async_mode=ahead")
@@ -390,9 +397,11 @@ class ExperimentConfig(_Section):
         return self
 
 
-# rollout.partial modes each engine offers under trainer.async_mode=stream (both abort and
-# re-prefill: workers/group_stream.py runs on any engine's generate)
-STREAM_PARTIAL_MODES: dict[str, tuple[str, ...]] = {"hf": ("abort", "off"), "vllm": ("abort", "off")}
+# rollout.partial modes each engine offers under trainer.async_mode=stream: abort and off on any engine
+# (workers/group_stream.py re-prefills through generate); pause where the engine keeps its requests in
+# place while weights load (vllm's step loop). Mirrors EngineCapabilities.partial_modes of each engine
+# (workers/rollout/capabilities.py; tests/unit/test_rollout_capabilities.py checks they agree).
+STREAM_PARTIAL_MODES: dict[str, tuple[str, ...]] = {"hf": ("abort", "off"), "vllm": ("abort", "pause", "off")}
 
 
 def _check_registry_name(key: str, name: str, kind: str, plugins: list[str]) -> None:

@@ -92,7 +92,8 @@ class RolloutConfig(_Section):
         "abort", description="trainer.async_mode=stream: what new weights do to a response still being generated. "
         "'abort' = it stops at the end of its chunk and continues under the new weights with the tokens so far as "
         "a prefix, prefilled again (verl fully-async / slime / AReaL); 'pause' = generation pauses in place while "
-        "the weights load and the KV cache is kept (an engine must declare it; none here does: a config error); "
+        "the weights load and the KV cache is kept, later tokens sampled by the new weights (the vllm engine, "
+        "completion order, no LoRA; the hf engine does not: a config error); "
         "'off' = a group finishes under the weights it started with (new weights apply to groups not yet started).",
     )
     partial_chunk_tokens: int = Field(

@@ -83,6 +83,8 @@ def test_invalid_declarations_raise():
         EngineCapabilities(weight_sync=frozenset({"pickle"}))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs lora"):
         EngineCapabilities(weight_sync=frozenset({"lora_adapter"}))
+    with pytest.raises(ValueError, match="needs partial_rollout_interrupt"):
+        EngineCapabilities(partial_rollout_pause=True)
     with pytest.raises(TypeError, match="not EngineCapabilities"):
         engine_capabilities(type("Bad", (), {"capabilities": {"progress": True}})())
     with pytest.raises(AttributeError):  # frozen
@@ -119,6 +121,17 @@ def test_every_registered_engine_declares_what_its_methods_offer():
         assert callable(getattr(cls, "load_lora_adapter", None)) == ("lora_adapter" in caps.weight_sync), name
         assert callable(getattr(cls, "load_weights", None)) == ("full_state_dict" in caps.weight_sync), name
         assert ("interrupt" in inspect.signature(cls.generate).parameters) == caps.partial_rollout_interrupt, name
+        assert ("pause" in inspect.signature(cls.generate).parameters) == caps.partial_rollout_pause, name
+
+
+def test_the_configs_partial_modes_are_what_each_engine_declares():
+    """hybridflow.config cannot import workers/: its table of rollout.partial modes mirrors the engines'."""
+    from hybridflow.config.experiment import STREAM_PARTIAL_MODES
+
+    assert set(STREAM_PARTIAL_MODES) == set(rollout_engine_names())
+    for name in rollout_engine_names():
+        assert STREAM_PARTIAL_MODES[name] == engine_capabilities(get_rollout_engine(name)).partial_modes, name
+    assert "pause" not in STREAM_PARTIAL_MODES["hf"] and "pause" in STREAM_PARTIAL_MODES["vllm"]
 
 
 def test_hf_engine_declaration_holds(model):
@@ -162,6 +175,7 @@ def test_vllm_engine_declaration_holds(fake_vllm, tmp_path):  # noqa: F811
     from hybridflow.models import save_hf_checkpoint
 
     caps = engine_capabilities(VLLMRolloutEngine)
+    assert caps.partial_rollout_interrupt and caps.partial_rollout_pause
     assert not (caps.progress or caps.continuing_kv or caps.compiled_step or caps.fused_decode or caps.shares_module)
     assert caps.lora and weight_push(caps, lora=True) == "lora_adapter"
     assert weight_push(caps, lora=False) == "full_state_dict"

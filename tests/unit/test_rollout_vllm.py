@@ -253,6 +253,7 @@ class FakeLLM:
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
+        return True  # vLLM: False while requests hold KV blocks
 
 
 @dataclass(kw_only=True)

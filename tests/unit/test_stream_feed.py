@@ -33,6 +33,11 @@ def test_async_mode_resolves_what_older_configs_meant():
         tiny_cfg().data.prompts_per_iteration  # never fewer than one iteration's groups
 
 
+def test_vllm_offers_pause_in_completion_order():
+    cfg = tiny_cfg("trainer.async_mode=stream", POOL, "rollout.engine=vllm", "rollout.partial=pause")
+    assert cfg.rollout.partial == "pause" and cfg.trainer.stream_order == "completion"
+
+
 @pytest.mark.parametrize("overrides, fragment", [
     (["trainer.async_mode=stream"], "trainer.async_mode=stream needs a rollout pool"),
     (["trainer.async_mode=off", "trainer.max_staleness=1", POOL], "trainer.async_mode=off but trainer.max_staleness=1"),
@@ -42,6 +47,10 @@ def test_async_mode_resolves_what_older_configs_meant():
     (["trainer.updates_per_sync=2", "trainer.max_staleness=1", "trainer.async_mode=stream", "trainer.stream_order=submission",
       POOL], "trainer.updates_per_sync=2 with trainer.stream_order=submission"),
     (["trainer.async_mode=stream", POOL, "rollout.partial=pause"], "rollout.partial=pause: the hf engine offers abort, off"),
+    (["trainer.async_mode=stream", POOL, "rollout.engine=vllm", "rollout.partial=pause", "trainer.stream_order=submission"],
+     "rollout.partial=pause with trainer.stream_order=submission"),
+    (["trainer.async_mode=stream", POOL, "rollout.engine=vllm", "rollout.partial=pause", "model.lora_rank=4"],
+     "rollout.partial=pause with model.lora_rank=4"),
     (["trainer.async_mode=stream", POOL, "rollout.tools=[calculator]"], "multi-turn rollouts"),
     (["trainer.async_mode=flow"], "trainer.async_mode"),
     (["trainer.async_mode=stream", POOL, "rollout.partial=sometimes"], "rollout.partial"),

@@ -69,12 +69,16 @@ class RolloutOutput:
     rollout_log_probs: [B*n, R] float32 nats, log softmax(logits / T)[token] of the full
       (unfiltered) distribution at the sampling temperature (T = 1 for greedy); 0 outside the mask.
     finish_reason: B*n of "stop" (a stop token ended it) | "length" (max_new_tokens reached).
+    weight_epochs: None, or [B*n, R] int64 when the call paused in place to load new weights
+      (``generate(pause=...)``, capability ``partial_rollout_pause``): per token, how many of those
+      loads came before it was sampled (0 = the weights the call started with); 0 outside the mask.
     """
 
     response_ids: Tensor
     response_mask: Tensor
     rollout_log_probs: Tensor
     finish_reason: list[FinishReason] = field(default_factory=list)
+    weight_epochs: Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.response_ids.shape)
@@ -83,6 +87,8 @@ class RolloutOutput:
             "response_mask": (self.response_mask, torch.bool),
             "rollout_log_probs": (self.rollout_log_probs, torch.float32),
         }
+        if self.weight_epochs is not None:
+            checks["weight_epochs"] = (self.weight_epochs, torch.int64)
         for name, (t, dtype) in checks.items():
             if t.dim() != 2 or tuple(t.shape) != shape or t.dtype != dtype:
                 raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype}; expected {shape} {dtype}")

@@ -33,8 +33,14 @@ class EngineCapabilities:
       else why not), reported as the metric ``rollout/fused_decode``.
     partial_rollout_interrupt: ``generate`` takes ``interrupt=`` (``(new tokens so far) -> bool``,
       asked after each decode step) and, when it says True, returns the trajectories so far, the
-      unfinished ones shorter than ``max_new_tokens`` (hf). The streaming rollout then decodes each
-      response in one call until newer weights arrive; without it, one call per chunk.
+      unfinished ones shorter than ``max_new_tokens`` (hf; vllm through its step loop, aborting the
+      unfinished requests). The streaming rollout then decodes each response in one call until newer
+      weights arrive; without it, one call per chunk.
+    partial_rollout_pause: ``generate`` also takes ``pause=`` (``(unfinished rows) -> bool``): when
+      ``interrupt`` says True it is called while the engine runs no step; it loads the new weights
+      into this engine (through ``load_weights``) and returns True, and the unfinished requests
+      continue in place on the KV cache they have (``rollout.partial: pause``; vllm). The output's
+      ``weight_epochs`` says which tokens came after which load. Needs ``partial_rollout_interrupt``.
     weight_sync: how the trainer's weights can reach the engine, one or more of
       "shared_module" (it generates on the module object ``from_config`` got as ``model``: the
       workers' inference module, so nothing is sent), "full_state_dict" (``load_weights`` of plain
@@ -42,7 +48,8 @@ class EngineCapabilities:
       peft_config, version)``: only the adapter; needs ``lora``).
     lora: generates a LoRA policy with its adapter unmerged (hf: on the peft module itself;
       vllm: ``enable_lora``). False: with LoRA it gets merged weights.
-    Raises ValueError for an empty or unknown ``weight_sync`` mode, or "lora_adapter" without ``lora``.
+    Raises ValueError for an empty or unknown ``weight_sync`` mode, "lora_adapter" without ``lora``,
+    or ``partial_rollout_pause`` without ``partial_rollout_interrupt``.
     """
 
     continuing_kv: bool = False
@@ -50,6 +57,7 @@ class EngineCapabilities:
     compiled_step: bool = False
     fused_decode: bool = False
     partial_rollout_interrupt: bool = False
+    partial_rollout_pause: bool = False
     weight_sync: frozenset[WeightSyncMode] = field(default_factory=lambda: frozenset({"full_state_dict"}))
     lora: bool = False
 
@@ -61,6 +69,15 @@ class EngineCapabilities:
             raise ValueError(f"weight_sync {sorted(modes)}: give one or more of {list(get_args(WeightSyncMode))}")
         if "lora_adapter" in modes and not self.lora:
             raise ValueError("weight_sync 'lora_adapter' needs lora=True")
+        if self.partial_rollout_pause and not self.partial_rollout_interrupt:
+            raise ValueError("partial_rollout_pause needs partial_rollout_interrupt=True")
+
+    @property
+    def partial_modes(self) -> tuple[str, ...]:
+        """The ``rollout.partial`` modes this engine offers under ``trainer.async_mode: stream``:
+        "abort" and "off" on every engine (the streamer re-prefills a prefix through ``generate``),
+        "pause" with ``partial_rollout_pause``. hybridflow.config's ``STREAM_PARTIAL_MODES`` mirrors it."""
+        return ("abort", "pause", "off") if self.partial_rollout_pause else ("abort", "off")
 
     @property
     def shares_module(self) -> bool:

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from workers.rollout.base import (
     register_rollout_engine,
 )
 from workers.rollout.vllm_settings import vllm_llm_kwargs, vllm_process_env
+from workers.rollout.vllm_steps import StepSample, sampled_log_probs, step_generate
 from workers.rollout.vllm_weights import (  # noqa: F401  (re-exported: the engine's public helpers)
     DEFAULT_BUCKET_BYTES,
     decoder_layer_of,
@@ -85,16 +86,6 @@ def build_requests(
 
 
 # ---- outputs -------------------------------------------------------------------------------------
-def _sampled_log_probs(completion: Any) -> list[float]:
-    """The chosen tokens' log-probs from ``CompletionOutput.logprobs`` (list of {id: Logprob})."""
-    if completion.logprobs is None:
-        raise RuntimeError("vLLM returned no logprobs; the request must set logprobs=0")
-    ids = list(completion.token_ids)
-    if len(completion.logprobs) < len(ids):
-        raise RuntimeError(f"vLLM returned {len(completion.logprobs)} logprob entries for {len(ids)} tokens")
-    return [float(completion.logprobs[pos][tok].logprob) for pos, tok in enumerate(ids)]
-
-
 def parse_request_outputs(
     outputs: Sequence[Any], sampling: SamplingParams, pad_token_id: int
 ) -> RolloutOutput:
@@ -104,9 +95,7 @@ def parse_request_outputs(
     cut after its first stop token; finish_reason is vLLM's ("stop" | "length"); anything else
     ("abort", None) raises RuntimeError.
     """
-    ids_rows: list[list[int]] = []
-    lp_rows: list[list[float]] = []
-    reasons: list[FinishReason] = []
+    rows: list[StepSample] = []
     for req in outputs:
         completions = sorted(req.outputs, key=lambda c: c.index)
         if len(completions) != sampling.n:
@@ -114,18 +103,35 @@ def parse_request_outputs(
         for c in completions:
             if c.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"request {req.request_id} sample {c.index} finished with {c.finish_reason!r}")
-            ids_rows.append(list(c.token_ids))
-            lp_rows.append(_sampled_log_probs(c))
-            reasons.append(c.finish_reason)
-    width = max([1, *(len(r) for r in ids_rows)])
-    ids = torch.full((len(ids_rows), width), pad_token_id, dtype=torch.int64)
-    lps = torch.zeros((len(ids_rows), width), dtype=torch.float32)
-    for row, (r_ids, r_lp) in enumerate(zip(ids_rows, lp_rows, strict=True)):
-        ids[row, : len(r_ids)] = torch.tensor(r_ids, dtype=torch.int64)
-        lps[row, : len(r_lp)] = torch.tensor(r_lp, dtype=torch.float32)
-    lengths = torch.tensor([len(r) for r in ids_rows])
+            rows.append(StepSample(list(c.token_ids), sampled_log_probs(c), [0] * len(c.token_ids), c.finish_reason))
+    return pack_samples(rows, sampling, pad_token_id)
+
+
+def pack_samples(rows: Sequence[StepSample], sampling: SamplingParams, pad_token_id: int,
+                 *, with_epochs: bool = False) -> RolloutOutput:
+    """Samples (prompt-major) → a RolloutOutput, right padded, cut after the first stop token.
+
+    A sample that did not finish (``finish`` None: the call was interrupted) is reported as the hf
+    engine reports it: no stop token, finish_reason "length" though shorter than max_new_tokens
+    (the caller, which interrupted, knows). ``with_epochs``: fill ``weight_epochs`` (pause).
+    Raises RuntimeError for a finish reason other than "stop", "length" or None.
+    """
+    bad = [s.finish for s in rows if s.finish not in ("stop", "length", None)]
+    if bad:
+        raise RuntimeError(f"vLLM finished a request with {bad[0]!r}")
+    width = max([1, *(len(r.token_ids) for r in rows)])
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.int64)
+    lps = torch.zeros((len(rows), width), dtype=torch.float32)
+    epochs = torch.zeros((len(rows), width), dtype=torch.int64)
+    for row, r in enumerate(rows):
+        ids[row, : len(r.token_ids)] = torch.tensor(r.token_ids, dtype=torch.int64)
+        lps[row, : len(r.log_probs)] = torch.tensor(r.log_probs, dtype=torch.float32)
+        epochs[row, : len(r.epochs)] = torch.tensor(r.epochs, dtype=torch.int64)
+    lengths = torch.tensor([len(r.token_ids) for r in rows])
     mask = response_mask_from_ids(ids, sampling.stop_token_ids, response_lengths=lengths)
-    return RolloutOutput(ids.masked_fill(~mask, pad_token_id), mask, lps.masked_fill(~mask, 0.0), reasons)
+    reasons: list[FinishReason] = [r.finish or "length" for r in rows]  # type: ignore[misc]
+    return RolloutOutput(ids.masked_fill(~mask, pad_token_id), mask, lps.masked_fill(~mask, 0.0), reasons,
+                         weight_epochs=epochs.masked_fill(~mask, 0) if with_epochs else None)
 
 
 # ---- weights ----------------------------------------------------------------------------------
@@ -195,10 +201,13 @@ class VLLMRolloutEngine:
     ``capabilities``: weights as a full state dict (:meth:`load_weights`) or, with LoRA, the
     adapter only (:meth:`load_lora_adapter`); no continuing KV (a multi-turn rollout sends the whole
     conversation each turn; vLLM's prefix cache reuses what it can), no progress callback (the
-    caller reports each call once, when it returns), no compiled step or fused decode of ours.
+    caller reports each call once, when it returns), no compiled step or fused decode of ours;
+    partial rollouts by vLLM's step loop: interrupted with ``abort_request``, or paused in place while
+    new weights load (:meth:`generate`, :mod:`workers.rollout.vllm_steps`).
     """
 
-    capabilities = EngineCapabilities(weight_sync=frozenset({"full_state_dict", "lora_adapter"}), lora=True)
+    capabilities = EngineCapabilities(weight_sync=frozenset({"full_state_dict", "lora_adapter"}), lora=True,
+                                      partial_rollout_interrupt=True, partial_rollout_pause=True)
 
     def __init__(self, llm: Any, *, pad_token_id: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sleep_mode: bool = True) -> None:  # fmt: skip
@@ -207,6 +216,7 @@ class VLLMRolloutEngine:
         self.bucket_bytes = bucket_bytes
         self.sleep_mode = sleep_mode
         self.sleeping = False
+        self._stale_prefix_cache = False  # a load during a paused generate could not reset it
         self.lora_request: Any = None  # vllm LoRARequest of the current adapter; None = base weights only
         self._lora_root: Path | None = None
         self._lora_loads = 0
@@ -249,17 +259,61 @@ class VLLMRolloutEngine:
         )
         return cls(LLM(**kwargs), pad_token_id=tokenizer.pad_token_id, sleep_mode=sleep_mode)
 
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> RolloutOutput:
-        """B left-padded prompts → B*n trajectories (prompt-major); see RolloutOutput."""
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams,
+                 interrupt: Callable[[int], bool] | None = None,
+                 pause: Callable[[int], bool] | None = None) -> RolloutOutput:
+        """B left-padded prompts → B*n trajectories (prompt-major); see RolloutOutput.
+
+        Without ``interrupt``: ``LLM.generate``. With it (capability ``partial_rollout_interrupt``):
+        vLLM's step loop (:func:`workers.rollout.vllm_steps.step_generate`), ``interrupt(k)`` asked
+        after each step in which the longest unfinished response reached k tokens; True aborts the
+        unfinished requests (vLLM's ``abort_request``) and returns them as they are (no stop token,
+        finish_reason "length" though shorter than ``max_new_tokens``, as the hf engine reports
+        them). ``pause`` (capability ``partial_rollout_pause``): called instead of the abort with the
+        number of unfinished rows while no step runs; it loads the new weights (``load_weights``)
+        and returns True to let the requests continue on their KV cache (False: abort). The output's
+        ``weight_epochs`` then counts the loads before each token. Raises RuntimeError when a pause
+        changed the LoRA adapter (a request keeps the adapter it started with).
+        """
         from vllm import SamplingParams as VLLMSamplingParams
 
         if self.sleeping:
             self.wake_up()
+        self._reset_stale_prefix_cache()
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**31, ()).item())
         prompts, params = build_requests(prompt_ids, prompt_mask, sampling, VLLMSamplingParams, seed)
-        lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
-        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False, **lora)
-        return parse_request_outputs(outputs, sampling, self.pad_token_id)
+        if interrupt is None:
+            lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
+            outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False, **lora)
+            return parse_request_outputs(outputs, sampling, self.pad_token_id)
+        from vllm.sampling_params import RequestOutputKind
+
+        adapter = self.lora_request
+
+        def pause_in_place(unfinished: int) -> bool:
+            resumed = bool(pause(unfinished))
+            if self.lora_request is not adapter:
+                raise RuntimeError("rollout.partial=pause loaded a new LoRA adapter mid-generation; a vLLM "
+                                   "request keeps the adapter it started with (use rollout.partial=abort)")
+            return resumed
+
+        try:
+            samples = step_generate(self.llm.llm_engine, prompts, params, delta_kind=RequestOutputKind.DELTA,
+                                    lora_request=adapter, interrupt=interrupt,
+                                    pause=None if pause is None else pause_in_place)
+        finally:
+            self._reset_stale_prefix_cache()
+        return pack_samples([s for per_prompt in samples for s in per_prompt], sampling, self.pad_token_id,
+                            with_epochs=pause is not None)
+
+    def _reset_stale_prefix_cache(self) -> None:
+        """Reset the prefix cache that a weight load during a paused generation could not (vLLM
+        refuses while requests hold blocks, ``BlockPool.reset_prefix_cache``): before any new request
+        can hit a block computed with the old weights. Raises RuntimeError when vLLM refuses again."""
+        if self._stale_prefix_cache:
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after a weight load with no request running")
+            self._stale_prefix_cache = False
 
     def load_weights(self, named_tensors: NamedTensors) -> None:
         """Sync trainer weights into vLLM in place, in buckets of whole decoder layers of at most
@@ -280,7 +334,7 @@ class VLLMRolloutEngine:
         if was_sleeping:
             self.llm.wake_up(tags=["kv_cache"])
             self.sleeping = False
-        self.llm.reset_prefix_cache()
+        self._stale_prefix_cache = not self.llm.reset_prefix_cache()  # False while paused requests hold blocks
         self.last_sync_seconds = time.perf_counter() - start
 
     def load_lora_adapter(self, adapter_tensors: Mapping[str, Tensor], peft_config: Mapping[str, Any],
@@ -308,7 +362,7 @@ class VLLMRolloutEngine:
         self.lora_request = LoRARequest(lora_name=name, lora_int_id=self._lora_loads, lora_path=str(folder))
         if old is not None:
             shutil.rmtree(old.lora_path, ignore_errors=True)
-        self.llm.reset_prefix_cache()
+        self._stale_prefix_cache = not self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
         """Level 1: weights offloaded to CPU, KV cache discarded (frees GPU memory for training).
