@@ -120,6 +120,7 @@ def _metrics(rows: Batch, groups: list[dict[str, Any]], version: int, waited_s: 
         "stream/chunks_per_group": sum(g["chunks"] for g in groups) / len(groups),
         "stream/weight_loads": float(sum(s["weight_loads"] for s in stats)),
         "stream/interrupted_rows": float(sum(s["interrupted_rows"] for s in stats)),
+        "stream/paused_rows": float(sum(s.get("paused_rows", 0) for s in stats)),
         "stream/prefill_tokens": float(sum(s["prefill_tokens"] for s in stats)),
         "stream/busy_fraction": busy / (busy + idle) if busy + idle > 0 else 0.0,
         # verl fully-async's names: trajectories whose tokens span several weights versions, the widest span

@@ -12,12 +12,15 @@ tokens may come from several versions.
 
 It only needs the engine's ``generate`` (prompt ids, left padded → responses), so it runs on any
 engine: a prompt + prefix is a new prompt. An engine that can stop a ``generate`` mid-way
-(capability ``partial_rollout_interrupt``: the hf engine) is not cut at every chunk boundary in
-completion order: each call runs to the end of its responses on one KV cache and is interrupted at
-the first chunk boundary (a multiple of ``chunk_tokens`` new tokens) at which newer weights are in
-the inbox (``newer_weights``) or the streamer is stopping. The weights change at the same places as
-with a cut at every boundary, and nothing is re-prefilled while they do not change
-(``bench stream_chunks`` measured a cut every 16 tokens at 2.2× the wall time of whole responses).
+(capability ``partial_rollout_interrupt``: hf, and vllm through its step loop) is not cut at every
+chunk boundary in completion order: each call runs to the end of its responses on one KV cache and
+is interrupted at the first chunk boundary (a multiple of ``chunk_tokens`` new tokens) at which
+newer weights are in the inbox (``newer_weights``) or the streamer is stopping. The weights change
+at the same places as with a cut at every boundary, and nothing is re-prefilled while they do not
+change (``bench stream_chunks`` measured a cut every 16 tokens at 2.2× the wall time of whole
+responses). With ``rollout.partial: pause`` (capability ``partial_rollout_pause``: vllm) the call is
+not cut there: the newest weights load while the engine runs no step and its requests go on with
+the KV cache they have; the output's ``weight_epochs`` give each token its version.
 
 Two schedules (``trainer.stream_order``):
 
