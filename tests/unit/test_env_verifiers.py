@@ -129,3 +129,12 @@ def test_the_environment_workers_keep_each_rollout_in_one_process():
         assert again.ok and again.result.done and again.result.reward == pytest.approx(1.25)
     finally:
         runner.close()
+
+
+def test_the_adapter_pins_what_the_envs_extra_installs():
+    import tomllib
+
+    from hybridflow.agents.hub_verifiers import VERIFIERS_VERSION
+
+    extra = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert f"verifiers=={VERIFIERS_VERSION}" in extra["envs"]
