@@ -138,3 +138,20 @@ def test_the_adapter_pins_what_the_envs_extra_installs():
 
     extra = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert f"verifiers=={VERIFIERS_VERSION}" in extra["envs"]
+
+
+def test_the_multi_turn_rollout_plays_a_verifiers_environment_to_its_rubric_score():
+    """Through MultiTurnRollout (token ids, masks, the environment workers): the row's prompt is replaced by
+    the environment's, the model's turns are scripted; won on the second guess: 1 + 0.5 * 1/2."""
+    from hybridflow.agents.remote import EnvRunner
+    from tests.unit.test_rollout_multi_turn import ScriptedEngine, rollout
+
+    runner = EnvRunner(num_workers=1, timeout_s=60.0)
+    try:
+        cfg = {"environment": "verifiers", "max_response_tokens": 200, "multi_turn": {"max_turns": 4}}
+        extra = [{"env_kwargs": {"env": f"{FIX}:load_guess"}}]
+        out = rollout(runner, ScriptedEngine({"Guess a number": ["5", "7"]}), cfg, ["ignored"], extra=extra)
+    finally:
+        runner.close()
+    assert out.non_tensors["env_reward"] == [pytest.approx(1.25)]
+    assert out.non_tensors["num_turns"] == [2]
