@@ -46,8 +46,8 @@ class StepResult:
 
 
 def _load_builtins() -> None:
-    """The other hubs' adapters (textarena, gymnasium, openenv) register themselves on first lookup."""
-    from hybridflow.agents import hub_openenv, hubs  # noqa: F401
+    """The other hubs' adapters (textarena, gymnasium, openenv, verifiers) register themselves on first lookup."""
+    from hybridflow.agents import hub_openenv, hub_verifiers, hubs  # noqa: F401
 
 
 ENVIRONMENTS: Registry[Callable[..., Any]] = Registry("environment", builtins=_load_builtins)
