@@ -5,6 +5,7 @@
     hybridflow data countdown --out data/countdown.parquet --n 1000 --seed 0 [--min-numbers 3 ...]
     hybridflow data reasoning-gym --dataset chain_sum[,leg_counting] --n 1000 --seed 0 \
         [--config max_terms=3 ...] --out data/rg.parquet [--test-out data/rg_test.parquet --test-n 256]
+    hybridflow data verifiers --env my_env.py:load_environment --n 256 --out data/my_env.parquet
     hybridflow data textarena --env GuessTheNumber-v0 --n 512 --seed 0 --out data/guess.parquet \
         [--test-out data/guess_test.parquet --test-n 64] [--system-prompt TEXT]
     hybridflow data lm-eval-task --from data/arith/test.parquet --name arith_local --out evals/lm_eval
@@ -57,7 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--system-prompt", default=None, help="a system message before each game's opening")
     t.add_argument("--test-out", default=None, help="also write held-out games here: seeds no training game uses")
     t.add_argument("--test-n", type=int, default=256, help="number of held-out games (default: 256)")
-    for p in (g, a, c, r, t):
+    v = sub.add_parser("verifiers", help="examples of a verifiers environment, played and scored by the verifiers environment")
+    which = v.add_mutually_exclusive_group(required=True)
+    which.add_argument("--env", help="'file.py:load_environment' or 'pkg.mod:load_environment' returning a verifiers Environment")
+    which.add_argument("--env-id", help="an installed verifiers environment (verifiers.load_environment(ID))")
+    v.add_argument("--env-args", default=None, metavar="JSON", help="the loader's keyword arguments, a JSON object")
+    v.add_argument("--n", type=int, default=None, help="number of examples (default: the whole split after --start)")
+    v.add_argument("--start", type=int, default=0, help="first example of the split (default: 0)")
+    v.add_argument("--split", choices=("train", "eval"), default="train", help="the environment's dataset (default: train)")
+    v.add_argument("--test-out", default=None,
+                   help="also write held-out examples here: the eval dataset, or the train examples after --out's")
+    v.add_argument("--test-n", type=int, default=64, help="number of held-out examples (default: 64)")
+    for p in (g, a, c, r, t, v):
         p.add_argument("--out", "-o", required=True, help="output file: .parquet or .jsonl (any fsspec URI)")
     e = sub.add_parser("lm-eval-task", help="a local lm-eval task (YAML + JSONL) from verl rows, for hybridflow eval --harness")
     e.add_argument("--from", dest="source", required=True, metavar="FILE",
@@ -108,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
             rows = _reasoning_gym(args)
         elif args.task == "textarena":
             rows = _textarena(args)
+        elif args.task == "verifiers":
+            rows = _verifiers(args)
         else:
             rows = make_countdown(args.n, seed=args.seed, min_numbers=args.min_numbers, max_numbers=args.max_numbers,
                                   max_number=args.max_number, max_target=args.max_target)  # fmt: skip
@@ -170,4 +184,34 @@ def _textarena(args: argparse.Namespace) -> list:
         test = make_textarena(args.env, args.test_n, seed=args.seed, seed_offset=args.n, system_prompt=args.system_prompt)
         write_rows(test, args.test_out)
         print(f"wrote {len(test)} held-out textarena games (seeds after the training games') to {args.test_out}")
+    return rows
+
+
+def _verifiers(args: argparse.Namespace) -> list:
+    """Examples (and the held-out ones, written here) of ``hybridflow data verifiers``: held out are
+    the environment's eval dataset when it has one, else the train examples after the training rows."""
+    import json
+
+    from hybridflow.data.io import write_rows
+    from hybridflow.data.tasks.verifiers_rows import dataset_size, make_verifiers
+
+    try:
+        env_args = json.loads(args.env_args) if args.env_args else None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--env-args {args.env_args!r} is not JSON: {e}") from None
+    if env_args is not None and not isinstance(env_args, dict):
+        raise ValueError(f"--env-args {args.env_args!r}: a JSON object of keyword arguments")
+    where = {"env": args.env, "env_id": args.env_id, "env_args": env_args}
+    size, has_eval = dataset_size({k: x for k, x in {**where, "split": args.split}.items() if x is not None})
+    n = args.n if args.n is not None else size - args.start
+    rows = make_verifiers(**where, n=n, start=args.start, split=args.split)
+    if args.test_out:
+        if has_eval and args.split == "train":
+            test = make_verifiers(**where, n=args.test_n, split="eval")
+            source = "the environment's eval dataset"
+        else:
+            test = make_verifiers(**where, n=args.test_n, start=args.start + n, split=args.split)
+            source = f"{args.split} examples after --out's"
+        write_rows(test, args.test_out)
+        print(f"wrote {len(test)} held-out verifiers examples ({source}) to {args.test_out}")
     return rows

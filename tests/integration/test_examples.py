@@ -21,7 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(scope="module")
 def task_files(tmp_path_factory):
     """Small train/val files per task: arith, countdown, gsm8k (from a GSM8K-shaped jsonl), reasoning-gym,
-    a TextArena game."""
+    a TextArena game, the examples' verifiers environment."""
     from hybridflow.data import write_rows
     from hybridflow.data.tasks import gsm8k_rows, make_arith, make_countdown
     from hybridflow.data.tasks.reasoning_gym import make_reasoning_gym
@@ -41,6 +41,11 @@ def task_files(tmp_path_factory):
     # is 527 tokens of its tokenizer); the example's settings are what is tested
     write_rows(make_textarena("TowerOfHanoi-v0", 4, seed=1), str(d / "textarena.parquet"))
     out["textarena"] = str(d / "textarena.parquet")
+    from hybridflow.data.tasks.verifiers_rows import make_verifiers
+
+    write_rows(make_verifiers(f"{EXAMPLES}/verifiers_arith_env.py:load_environment", env_args={"n": 8, "eval_n": 4},
+                              n=8), str(d / "verifiers.parquet"))  # fmt: skip
+    out["verifiers"] = str(d / "verifiers.parquet")
     raw = d / "gsm8k.jsonl"
     raw.write_text("".join(json.dumps({"question": f"Tom has {i} apples and buys 2 more. How many?",
                                        "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}) + "\n" for i in range(8)))
@@ -61,6 +66,7 @@ CASES = {
     "grpo_arith_async.yaml": ("arith", ["rollout/staleness/max", "rollout_corr/rollout_is_mean",
                                         "timing_s/weight_sync", "async/overlap_fraction"]),
     "grpo_textarena_guess.yaml": ("textarena", ["env/win_rate", "env/invalid_moves/mean", "multi_turn/num_turns/mean"]),
+    "grpo_verifiers_arith.yaml": ("verifiers", ["multi_turn/num_turns/mean", "env/errors", "actor/pg_clipfrac"]),
     "grpo_arith_judge.yaml": ("arith", ["timing_s/judge", "judge/tokens_per_s", "reward/judge_unparsed",
                                         "reward/judge_overlong"]),
     "grpo_arith_tool.yaml": ("arith", ["multi_turn/num_turns/mean", "tool/calls/mean", "tool/parse_errors",

@@ -93,6 +93,8 @@ CASES: dict[str, list[tuple[str, object, float]]] = {
     "gymnasium/FrozenLake-v1": [("1", "FrozenLake-v1", 0.0)],
     "openenv": [("4", "", 0.0)],
     "openenv/CountUp": [("5", "", 0.0)],
+    "verifiers": [("5", "sums train example 0", 0.0)],
+    "verifiers/sums": [("8", "sums train example 1", 0.0)],
 }
 
 # rewards that also read extra_info (the rows of `hybridflow data reasoning-gym` carry the entry)
@@ -110,7 +112,7 @@ def _builtin(name: str) -> bool:
 def test_every_registered_data_source_has_a_case():
     names = {n for n in reward_names() if _builtin(n)}
     prefixes = [p for p in reward_prefixes() if _builtin(p + "\x00")]
-    assert prefixes == ["aime", "gymnasium/", "openenv/", "reasoning_gym/", "textarena/"] and len(names) >= 36
+    assert prefixes == ["aime", "gymnasium/", "openenv/", "reasoning_gym/", "textarena/", "verifiers/"] and len(names) >= 36
     missing = sorted(names - set(CASES))
     assert not missing, f"registered data sources without a case in CASES: {missing}"
     for p in prefixes:
@@ -123,7 +125,7 @@ def test_case_scores_as_expected(data_source, response, truth, want):
     cfg = CODE_CFG if data_source in ("codecontests", "apps", "codeforces", "taco") else RewardConfig()
     out = default_compute_score(data_source, response, truth, EXTRA_INFO.get(data_source), reward_cfg=cfg)
     assert out["score"] == pytest.approx(want)
-    if data_source.startswith(("textarena", "gymnasium", "openenv")):  # no answer to judge: no acc, no pred (a game's outcome is env/win_rate)
+    if data_source.startswith(("textarena", "gymnasium", "openenv", "verifiers")):  # no answer to judge: no acc, no pred (a game's outcome is env/win_rate)
         assert set(out) == {"score"}
     else:
         assert {"score", "acc", "pred"} <= set(out)  # verl's shape
