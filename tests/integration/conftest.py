@@ -65,6 +65,17 @@ def arith_files(tmp_path_factory):
     return str(d / "train.parquet"), str(d / "val.parquet")
 
 
+def release_run_pools(run_id: str, cfg) -> None:
+    """The train flow leaves its pools up; free their CPUs for the pools a test starts next."""
+    from workers.pool import PoolError, destroy_pool, get_pool, namespace_for
+
+    for name in cfg.placement.pools:
+        try:
+            destroy_pool(get_pool(name, namespace_for(run_id)))
+        except PoolError:
+            pass
+
+
 def tiny_overrides(run_dir: str, train: str, val: str, **extra: str) -> list[str]:
     """A tiny-model config: 2 prompts × 2 samples, 6 response tokens; 3 logical CPUs in total."""
     base = {

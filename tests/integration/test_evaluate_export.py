@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flows.cli import main
-from tests.integration.conftest import tiny_overrides
+from tests.integration.conftest import release_run_pools, tiny_overrides
 from workers.checkpoint import checkpoint_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -27,17 +27,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _release_run_pools(run_id: str, cfg) -> None:
-    """The train flow leaves its pools up; free their CPUs for the pools started below."""
-    from workers.pool import PoolError, destroy_pool, get_pool, namespace_for
-
-    for name in cfg.placement.pools:
-        try:
-            destroy_pool(get_pool(name, namespace_for(run_id)))
-        except PoolError:
-            pass
 
 
 def _check_export(run_dir: Path, out: Path) -> None:
@@ -109,7 +98,7 @@ def test_export_evaluate_and_node_run_after_one_iteration(prefect_api, ray_clust
     summary = train(overrides=ov)
     run_dir = Path(summary["run_dir"])
     assert Path(summary["checkpoint"]).name == checkpoint_name(1)
-    _release_run_pools("tiny-evx", load_config(run_dir / "config.yaml"))
+    release_run_pools("tiny-evx", load_config(run_dir / "config.yaml"))
 
     _check_export(run_dir, tmp_path / "exported")
     _check_eval(run_dir, val_file)

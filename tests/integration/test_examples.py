@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import load_config
-from tests.integration.conftest import tiny_overrides
+from tests.integration.conftest import release_run_pools, tiny_overrides
 
 pytestmark = pytest.mark.integration
 
@@ -165,6 +165,17 @@ def test_judge_pool_scores_every_trajectory_and_its_unparsed_rows_never_stop_the
     val = json.loads((Path(summary["run_dir"]) / "validation.jsonl").read_text().splitlines()[0])["metrics"]
     assert val["val-aux/judge_unparsed"] == 8.0 and val["val-aux/judge/tokens_per_s"] > 0
     assert val["val-aux/score/mean"] == pytest.approx(val["val-core/arith/acc/mean@1"] - 1.0, abs=1e-6)
+    # `hybridflow eval` of the checkpoint keeps the judge pool: the same judged validation, in its own pools
+    from flows.cli import main
+    from hybridflow.config import load_config as load
+
+    run_dir = Path(summary["run_dir"])
+    release_run_pools("judge", load(run_dir / "config.yaml"))
+    assert main(["eval", "--model", str(run_dir), "--step", "1", "--data", task_files["arith"]]) == 0
+    (eval_json,) = run_dir.glob("evals/*/eval.json")
+    judged = json.loads(eval_json.read_text())["metrics"]
+    assert judged["val-aux/judge_unparsed"] == 8.0 and judged["val-aux/judge/tokens_per_s"] > 0
+    assert judged["val-aux/score/mean"] == pytest.approx(judged["val-core/arith/acc/mean@1"] - 1.0, abs=1e-6)
 
 
 def test_environment_config_trains_one_iteration(prefect_api, ray_cluster, task_files, tmp_path):
