@@ -36,8 +36,6 @@ $(LMEVAL): $(ARITH) | $(STAMP)
 	$(BIN)/hybridflow data lm-eval-task --from data/arith/test.parquet --name arith_local --out evals/lm_eval \
 		--max-gen-toks 64
 
-lm-eval-tasks: $(LMEVAL)
-
 # the reasoning-gym example: chain_sum, two terms of one or two digits (docs/data.md, "reasoning-gym")
 RGYM := data/reasoning_gym/train.parquet
 $(RGYM): | $(STAMP)
@@ -46,6 +44,14 @@ $(RGYM): | $(STAMP)
 
 demo-reasoning-gym: $(STAMP) $(RGYM)
 	$(BIN)/hybridflow train -c examples/grpo_reasoning_gym.yaml
+
+# local lm-eval task from the reasoning-gym example's held-out split (chain_sum, answers in <answer> tags) as `chain_sum_local`
+LMEVAL_RGYM := evals/lm_eval/chain_sum_local.yaml
+$(LMEVAL_RGYM): $(RGYM) | $(STAMP)
+	$(BIN)/hybridflow data lm-eval-task --from data/reasoning_gym/test.parquet --name chain_sum_local \
+		--out evals/lm_eval --max-gen-toks 64
+
+lm-eval-tasks: $(LMEVAL) $(LMEVAL_RGYM)
 
 # pytest-xdist workers for make test and make test-slow, a test file each at a time (--dist loadfile: a
 # file's module fixtures stay in one process). A tiny-model run keeps one core of two busy (start-up is

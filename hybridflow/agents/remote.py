@@ -132,7 +132,7 @@ def _pickled(env: Any, spec: str) -> bytes:
     except Exception as e:  # noqa: BLE001 - pickling raises TypeError, AttributeError, PicklingError...
         raise TypeError(f"environment {spec!r} cannot be pickled ({type(e).__name__}: {e}); declare "
                         "picklable = False on its class to keep each instance in one worker process "
-                        "(docs/agents.md, sticky environments)") from None
+                        "(docs/environments.md, sticky environments)") from None
 
 
 def _drop(key: int | None) -> None:
