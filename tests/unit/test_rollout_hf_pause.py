@@ -32,6 +32,7 @@ PATHS = {
     "fused": {},
     "packed": {"fused_decode": False},
     "plain": {"fused_decode": False, "packed_weights": False},
+    "compiled": {"compile": True},  # ~40 s: one decode-step shape compiled (inductor reads the weights as inputs)
 }
 
 
@@ -51,10 +52,11 @@ def unpadded(i: int) -> list[int]:
     return TOK(TEXTS[i])["input_ids"]
 
 
-def kept_kv_reference(prompt: list[int], switch_at: int | None) -> tuple[list[int], list[float]]:
-    """Greedy NEW tokens and their log-probs: prompt and tokens under W0 (seed 0) on one DynamicCache; from the
-    step that feeds token ``switch_at`` on, W1 loaded in place into the same model (None: never)."""
-    model = tiny(0)
+def kept_kv_reference(prompt: list[int], switch_at: int | None, model=None, new=None) -> tuple[list[int], list[float]]:
+    """Greedy NEW tokens and their log-probs: prompt and tokens under W0 (``model``, default the seed-0
+    tiny model) on one DynamicCache; from the step that feeds token ``switch_at`` on, W1 (``new``)
+    loaded in place into the same model (None: never)."""
+    model = tiny(0) if model is None else model
     cache, name = DynamicCache(), forward_kwargs(model)[0]
     tokens, lps = [], []
     with torch.no_grad():
@@ -62,7 +64,7 @@ def kept_kv_reference(prompt: list[int], switch_at: int | None) -> tuple[list[in
         for t in range(NEW):
             if t > 0:
                 if t == switch_at:
-                    model.load_state_dict(W1)
+                    model.load_state_dict(W1 if new is None else new)
                 out = model(input_ids=torch.tensor([[tokens[-1]]]), use_cache=True, **{name: cache})
             logp = out.logits[0, -1].float().log_softmax(-1)
             tokens.append(int(logp.argmax()))
@@ -101,7 +103,7 @@ def test_pause_keeps_the_kv_and_decodes_on_with_the_new_weights(path):
     assert loads == [len(TEXTS)] and asked == list(range(1, NEW))  # one load, every row still going
     if path == "fused":
         assert engine.fused_decode_reason is None
-    assert (engine.packed_linears > 0) == (path == "packed")
+    assert (engine.packed_linears > 0) == (path == "packed") and (engine.compile_stats["compiles"] > 0) == (path == "compiled")
     assert out.response_ids.shape == (len(TEXTS), NEW) and bool(out.response_mask.all())
     assert out.weight_epochs.tolist() == [[0] * K + [1] * (NEW - K)] * len(TEXTS)
     for i in range(len(TEXTS)):
@@ -176,3 +178,27 @@ def test_without_the_refresh_the_copies_would_be_stale(monkeypatch, path):
     out = engine.generate(ids, mask, sampling, interrupt=lambda k: k == K, pause=pause)
     _, lps = kept_kv_reference(unpadded(0), switch_at=K)
     assert not torch.allclose(out.rollout_log_probs[0, K:], torch.tensor(lps[K:]), atol=1e-2, rtol=0)
+
+
+def test_pause_with_a_lora_adapter_decodes_on_with_the_new_adapter():
+    """A peft model (the fused decoder declines it; its base and adapter linears are packed): the new
+    adapter is loaded into the shared module in place, the packed lora_A / lora_B copies rebuilt."""
+    from hybridflow.config import ModelConfig
+    from hybridflow.models import apply_lora
+
+    def lora_model():
+        return apply_lora(tiny(0), ModelConfig(path="tiny", lora_rank=4)).eval()
+
+    model = lora_model()
+    new = {k: (v + 0.5 * torch.randn(v.shape, generator=torch.Generator().manual_seed(7)) if ".lora_" in k else v)
+           for k, v in model.state_dict().items()}  # fmt: skip
+    engine = HFRolloutEngine(model, TOK)
+    ids, mask = prompts()
+    sampling = SamplingParams(max_new_tokens=NEW, temperature=0.0, stop_token_ids=())
+    out = engine.generate(ids, mask, sampling, interrupt=lambda k: k == K,
+                          pause=lambda n: model.load_state_dict(new) is not None)  # fmt: skip
+    assert engine.fused_decode_reason is not None and engine.packed_linears > 0
+    for i in range(len(TEXTS)):
+        tokens, lps = kept_kv_reference(unpadded(i), switch_at=K, model=lora_model(), new=new)
+        assert out.response_ids[i].tolist() == tokens
+        assert torch.allclose(out.rollout_log_probs[i], torch.tensor(lps), atol=1e-4, rtol=0)
