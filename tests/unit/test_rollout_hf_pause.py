@@ -11,8 +11,6 @@ re-prefill of prompt + K tokens under the new weights, so the test sees the KV w
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from transformers.cache_utils import DynamicCache
