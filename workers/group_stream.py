@@ -18,7 +18,7 @@ is interrupted at the first chunk boundary (a multiple of ``chunk_tokens`` new t
 newer weights are in the inbox (``newer_weights``) or the streamer is stopping. The weights change
 at the same places as with a cut at every boundary, and nothing is re-prefilled while they do not
 change (``bench stream_chunks`` measured a cut every 16 tokens at 2.2× the wall time of whole
-responses). With ``rollout.partial: pause`` (capability ``partial_rollout_pause``: vllm) the call is
+responses). With ``rollout.partial: pause`` (capability ``partial_rollout_pause``: vllm, hf) the call is
 not cut there: the newest weights load while the engine runs no step and its requests go on with
 the KV cache they have; the output's ``weight_epochs`` give each token its version.
 

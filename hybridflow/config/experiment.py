@@ -292,12 +292,15 @@ class ExperimentConfig(_Section):
         if r.partial not in STREAM_PARTIAL_MODES[r.engine]:
             raise ValueError(
                 f"rollout.partial={r.partial}: the {r.engine} engine offers {', '.join(STREAM_PARTIAL_MODES[r.engine])} "
-                "(it cannot keep its requests and their KV cache while new weights load; it aborts and re-prefills "
-                "under the new ones instead): use rollout.partial=abort, or rollout.engine=vllm")
+                "(it cannot keep its requests and their KV cache while new weights load): use rollout.partial=abort")
+        if r.partial == "pause" and r.engine == "hf" and not r.drop_finished_rows:
+            raise ValueError("rollout.partial=pause with rollout.drop_finished_rows=false: the hf engine pauses only in "
+                             "its own decode loop (transformers' generate has no place between steps to load weights); "
+                             "set drop_finished_rows=true or use partial=abort")
         if r.partial == "pause" and t.stream_order == "submission":
             raise ValueError("rollout.partial=pause with trainer.stream_order=submission: the submission order's fixed "
                              "schedule changes weights only between chunks; use stream_order=completion or partial=abort")
-        if r.partial == "pause" and self.model.lora_rank > 0:
+        if r.partial == "pause" and r.engine == "vllm" and self.model.lora_rank > 0:
             raise ValueError(f"rollout.partial=pause with model.lora_rank={self.model.lora_rank}: a vLLM request keeps "
                              "the LoRA adapter it started with, so a paused request would go on with the old adapter; "
                              "use rollout.partial=abort")
@@ -399,9 +402,9 @@ class ExperimentConfig(_Section):
 
 # rollout.partial modes each engine offers under trainer.async_mode=stream: abort and off on any engine
 # (workers/group_stream.py re-prefills through generate); pause where the engine keeps its requests in
-# place while weights load (vllm's step loop). Mirrors EngineCapabilities.partial_modes of each engine
+# place while weights load (vllm's step loop; hf's own decode loop, workers/rollout/hf_pause.py). Mirrors EngineCapabilities.partial_modes of each engine
 # (workers/rollout/capabilities.py; tests/unit/test_rollout_capabilities.py checks they agree).
-STREAM_PARTIAL_MODES: dict[str, tuple[str, ...]] = {"hf": ("abort", "off"), "vllm": ("abort", "pause", "off")}
+STREAM_PARTIAL_MODES: dict[str, tuple[str, ...]] = {"hf": ("abort", "pause", "off"), "vllm": ("abort", "pause", "off")}
 
 
 def _check_registry_name(key: str, name: str, kind: str, plugins: list[str]) -> None:

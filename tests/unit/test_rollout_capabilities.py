@@ -131,7 +131,7 @@ def test_the_configs_partial_modes_are_what_each_engine_declares():
     assert set(STREAM_PARTIAL_MODES) == set(rollout_engine_names())
     for name in rollout_engine_names():
         assert STREAM_PARTIAL_MODES[name] == engine_capabilities(get_rollout_engine(name)).partial_modes, name
-    assert "pause" not in STREAM_PARTIAL_MODES["hf"] and "pause" in STREAM_PARTIAL_MODES["vllm"]
+    assert "pause" in STREAM_PARTIAL_MODES["hf"] and "pause" in STREAM_PARTIAL_MODES["vllm"]
 
 
 def test_hf_engine_declaration_holds(model):

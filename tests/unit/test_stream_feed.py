@@ -38,6 +38,13 @@ def test_vllm_offers_pause_in_completion_order():
     assert cfg.rollout.partial == "pause" and cfg.trainer.stream_order == "completion"
 
 
+def test_hf_offers_pause_in_its_own_decode_loop_lora_included():
+    """hf pauses in place (workers/rollout/hf_pause.py); a LoRA adapter is loaded into the shared peft
+    module in place and its packed copies rebuilt, so unlike vllm (a request keeps its adapter) LoRA is fine."""
+    cfg = tiny_cfg("trainer.async_mode=stream", POOL, "rollout.partial=pause", "model.lora_rank=4")
+    assert cfg.rollout.engine == "hf" and cfg.rollout.partial == "pause"
+
+
 @pytest.mark.parametrize("overrides, fragment", [
     (["trainer.async_mode=stream"], "trainer.async_mode=stream needs a rollout pool"),
     (["trainer.async_mode=off", "trainer.max_staleness=1", POOL], "trainer.async_mode=off but trainer.max_staleness=1"),
@@ -46,7 +53,8 @@ def test_vllm_offers_pause_in_completion_order():
      "trainer.max_staleness=1: set max_staleness >= 2"),
     (["trainer.updates_per_sync=2", "trainer.max_staleness=1", "trainer.async_mode=stream", "trainer.stream_order=submission",
       POOL], "trainer.updates_per_sync=2 with trainer.stream_order=submission"),
-    (["trainer.async_mode=stream", POOL, "rollout.partial=pause"], "rollout.partial=pause: the hf engine offers abort, off"),
+    (["trainer.async_mode=stream", POOL, "rollout.partial=pause", "rollout.drop_finished_rows=false"],
+     "rollout.partial=pause with rollout.drop_finished_rows=false"),
     (["trainer.async_mode=stream", POOL, "rollout.engine=vllm", "rollout.partial=pause", "trainer.stream_order=submission"],
      "rollout.partial=pause with trainer.stream_order=submission"),
     (["trainer.async_mode=stream", POOL, "rollout.engine=vllm", "rollout.partial=pause", "model.lora_rank=4"],

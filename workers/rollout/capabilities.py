@@ -39,7 +39,8 @@ class EngineCapabilities:
     partial_rollout_pause: ``generate`` also takes ``pause=`` (``(unfinished rows) -> bool``): when
       ``interrupt`` says True it is called while the engine runs no step; it loads the new weights
       into this engine (through ``load_weights``) and returns True, and the unfinished requests
-      continue in place on the KV cache they have (``rollout.partial: pause``; vllm). The output's
+      continue in place on the KV cache they have (``rollout.partial: pause``; vllm, and hf in its own
+      decode loop, which rebuilds its copies of the weights after the load: workers/rollout/hf_pause.py). The output's
       ``weight_epochs`` says which tokens came after which load. Needs ``partial_rollout_interrupt``.
     weight_sync: how the trainer's weights can reach the engine, one or more of
       "shared_module" (it generates on the module object ``from_config`` got as ``model``: the

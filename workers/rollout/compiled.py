@@ -149,7 +149,7 @@ def kv_layers(cache) -> list[tuple[Tensor, Tensor]]:
 
 def decode_static(
     step: CompiledDecodeStep, ids: Tensor, mask: Tensor, sampling, uniforms: Tensor | None, pad_token_id: int, *,
-    prefix_cache: dict[str, object] | None = None, on_finished=None, interrupt=None,
+    prefix_cache: dict[str, object] | None = None, on_finished=None, interrupt=None, pause=None,
 ):
     """:func:`workers.rollout.decode.decode` (which checks the left padding and calls this) with
     each decode step run by ``step`` on a static cache (same arguments, same
@@ -185,8 +185,8 @@ def decode_static(
             token, done = take_step(logits[live], sampling, uniforms, alive, t, stops, tokens, log_probs)
             if t + 1 == new or bool(done.all()):
                 break
-            if interrupt is not None and interrupt(t + 1):
-                break
+            if interrupt is not None and interrupt(t + 1) and not (pause is not None and pause(int((~done).sum()))):
+                break  # (a pause that resumed loaded new weights in place: the live rows go on, on their KV)
             feed[live, 0] = token
             pos += 1
             attn[:, width + t] = 1

@@ -89,7 +89,7 @@ def decode(
     model: nn.Module, ids: Tensor, mask: Tensor, sampling, uniforms: Tensor | None, pad_token_id: int, *,
     prefix_cache: dict[str, object] | None = None, on_finished: Callable[[int], None] | None = None,
     step: CompiledDecodeStep | None = None, steps: DecodeSteps | None = None,
-    interrupt: Callable[[int], bool] | None = None,
+    interrupt: Callable[[int], bool] | None = None, pause: Callable[[int], bool] | None = None,
 ) -> DecodeResult:
     """Generate up to ``sampling.max_new_tokens`` tokens for each of N left-padded rows.
 
@@ -107,7 +107,10 @@ def decode(
     the k-th decode step (k ≥ 1) while rows are still unfinished; True ends the call there: every
     row keeps the k tokens it has (an unfinished row ends without a stop token, shorter than
     ``max_new_tokens``), and its caller may continue it later as a prefix (the streaming rollout,
-    :mod:`workers.group_stream`, ends a call so when newer weights arrive).
+    :mod:`workers.group_stream`, ends a call so when newer weights arrive). pause(unfinished): asked
+    when ``interrupt`` said True, between two steps; True means it loaded new weights into the model
+    in place (and the caller refreshed what ``steps`` / ``step`` derive from them), and the live rows
+    go on from the KV cache they have (``rollout.partial: pause``); False ends the call as without it.
     """
     if not bool(mask[:, -1].all()):
         raise ValueError("decode: every prompt row must end in a real token (left padding)")
@@ -115,7 +118,7 @@ def decode(
         if step.model is not model:
             raise ValueError("decode: step was compiled for another model")
         return decode_static(step, ids, mask, sampling, uniforms, pad_token_id, prefix_cache=prefix_cache,
-                             on_finished=on_finished, interrupt=interrupt)  # fmt: skip
+                             on_finished=on_finished, interrupt=interrupt, pause=pause)  # fmt: skip
     n_rows = ids.shape[0]
     stops = torch.as_tensor(list(sampling.stop_token_ids), dtype=torch.int64, device=ids.device)
     positions = position_ids_from_mask(mask)
@@ -134,8 +137,8 @@ def decode(
             token, done = take_step(logits, sampling, uniforms, alive, t, stops, tokens, log_probs)
             if t + 1 == sampling.max_new_tokens or bool(done.all()):
                 break
-            if interrupt is not None and interrupt(t + 1):
-                break
+            if interrupt is not None and interrupt(t + 1) and not (pause is not None and pause(int((~done).sum()))):
+                break  # (a pause that resumed loaded new weights in place: the live rows go on, on their KV)
             if bool(done.any()):
                 stay = (~done).nonzero().squeeze(1)
                 alive, token, pos = alive[stay], token[stay], pos[stay]

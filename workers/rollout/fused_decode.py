@@ -191,7 +191,8 @@ class FusedDecoder:
     """Decode steps of one Llama-family model on weights prepared once (see the module docstring).
 
     Build with :func:`fused_decoder` inside ``torch.no_grad``; the prepared weights are copies,
-    so build a new one after each weight update (the hf engine builds one per generate call).
+    so build a new one after each weight update (the hf engine builds one per generate call), or
+    call :meth:`prepare_weights` after a load in place between two steps.
     dtype: what it decodes in (float32 or bfloat16; None = the model's weights' dtype): weights,
     residual stream and KV cache; logits are returned in float32 either way.
     """
@@ -203,15 +204,30 @@ class FusedDecoder:
         self.dtype = dtype = inner.embed_tokens.weight.dtype if dtype is None else dtype
         if dtype not in FUSED_DTYPES:
             raise ValueError(f"fused decode: dtype {dtype} is not float32 or bfloat16")
-        self.embed = inner.embed_tokens.weight.to(dtype)
         self.rotary = inner.rotary_emb
-        self.norm_final = inner.norm.weight.detach().to(dtype)
         self.eps = float(cfg.rms_norm_eps)
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.hidden = int(cfg.hidden_size)
-        hint = max(1, int(rows_hint))
+        self.hint = max(1, int(rows_hint))
+        layers = _run_layers(model)
+        self.eps_in = [float(layer.input_layernorm.variance_epsilon) for layer in layers]
+        self.eps_post = [float(layer.post_attention_layernorm.variance_epsilon) for layer in layers]
+        self.eps_final = float(inner.norm.variance_epsilon)
+        self.prepare_weights()
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.mask: Tensor | None = None
+        self.length = 0  # columns of the cache filled
+        self.total = 0  # columns the call may fill (prompt + max new tokens)
+
+    def prepare_weights(self) -> None:
+        """(Re)build every weight form the steps read from the module's weights as they are now:
+        the packed q/k/v, o, gate/up, down and LM-head products, the norms, biases and embedding in
+        ``dtype``. The KV cache is left as it is: after weights were loaded in place between two
+        steps (``rollout.partial: pause``) the same rows go on, on the keys and values they have."""
+        dtype, hint, inner = self.dtype, self.hint, self.model.model
 
         def pack(*weights: Tensor) -> Tensor:
             w = weights[0] if len(weights) == 1 else torch.cat(weights, 0)
@@ -220,9 +236,10 @@ class FusedDecoder:
         def vec(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.detach().to(dtype).contiguous()
 
+        self.embed = inner.embed_tokens.weight.detach().to(dtype)
+        self.norm_final = inner.norm.weight.detach().to(dtype)
         self.layers: list[_Layer] = []
-        layers = _run_layers(model)
-        for layer in layers:
+        for layer in _run_layers(self.model):
             a, m = layer.self_attn, layer.mlp
             bias = None
             if a.q_proj.bias is not None:
@@ -233,17 +250,9 @@ class FusedDecoder:
                 o=pack(a.o_proj.weight), o_bias=vec(a.o_proj.bias),
                 norm_post=layer.post_attention_layernorm.weight.detach().to(dtype),
                 gate_up=pack(m.gate_proj.weight, m.up_proj.weight), down=pack(m.down_proj.weight)))
-        self.eps_in = [float(layer.input_layernorm.variance_epsilon) for layer in layers]
-        self.eps_post = [float(layer.post_attention_layernorm.variance_epsilon) for layer in layers]
-        self.eps_final = float(inner.norm.variance_epsilon)
-        head = model.get_output_embeddings()
+        head = self.model.get_output_embeddings()
         self.lm_head = pack(head.weight)
         self.lm_bias = vec(head.bias)
-        self.keys: list[Tensor] = []
-        self.values: list[Tensor] = []
-        self.mask: Tensor | None = None
-        self.length = 0  # columns of the cache filled
-        self.total = 0  # columns the call may fill (prompt + max new tokens)
 
     def prefill(self, ids: Tensor, mask: Tensor, rows: Tensor | None, max_new_tokens: int) -> None:
         """Compute the KV cache of the first L-1 columns of U distinct prompts once and give each

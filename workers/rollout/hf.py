@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from hybridflow.algorithms.sequences import position_ids_from_mask
 from workers.progress import Tick
@@ -48,7 +48,8 @@ from workers.rollout.compiled import CompiledDecodeStep
 from workers.rollout.decode import decode, top_k_top_p_filter
 from workers.rollout.finished_rows import FinishedRows
 from workers.rollout.fused_decode import FusedDecoder, why_not_fused_engine
-from workers.rollout.hf_sampler import RolloutSampler, clean_generation_config
+from workers.rollout.hf_pause import InPlacePause
+from workers.rollout.hf_sampler import Interrupt, RolloutSampler, clean_generation_config
 from workers.rollout.kv_cache import KVCache, ready_cache
 from workers.rollout.packed_weights import packed_linears, packs
 from workers.shared_prefix import forward_kwargs, shared_prompt_cache, unwrapped
@@ -76,7 +77,8 @@ class HFRolloutEngine:
     :class:`workers.rollout.fused_decode.FusedDecoder` (prepared once per call, instead of packing
     the linears; ``rollout.fused_decode``); ``fused_decode_reason`` is None when the last call ran
     fused, else why it did not. ``capabilities``: continuing KV (:meth:`generate_continuing`),
-    progress, compiled step, fused decode, partial-rollout interrupt (``generate(interrupt=)``); it generates on the module it was built with (the
+    progress, compiled step, fused decode, partial-rollout interrupt (``generate(interrupt=)``) and
+    pause in place (``generate(pause=)``, :mod:`workers.rollout.hf_pause`); it generates on the module it was built with (the
     workers' inference module: "shared_module"), a peft one included (LoRA), and ``load_weights``
     copies a full state dict. dtype: what it generates in (``rollout.dtype``; None = the model's
     weights'): bfloat16 against a float32 model decodes fused in bfloat16 (weights, KV cache), else on
@@ -85,7 +87,7 @@ class HFRolloutEngine:
 
     capabilities = EngineCapabilities(
         continuing_kv=True, progress=True, compiled_step=True, fused_decode=True, partial_rollout_interrupt=True,
-        weight_sync=frozenset({"shared_module", "full_state_dict"}), lora=True,
+        partial_rollout_pause=True, weight_sync=frozenset({"shared_module", "full_state_dict"}), lora=True,
     )  # fmt: skip
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, generation_batch_trajectories: int = 64,
@@ -131,7 +133,8 @@ class HFRolloutEngine:
         return next(self.model.parameters()).device
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams,
-                 progress: Tick | None = None, interrupt: Callable[[int], bool] | None = None) -> RolloutOutput:
+                 progress: Tick | None = None, interrupt: Callable[[int], bool] | None = None,
+                 pause: Callable[[int], bool] | None = None) -> RolloutOutput:
         """B left-padded prompts → B*n trajectories (prompt-major). See RolloutOutput for shapes.
         progress: called with (trajectories finished, B*n) as rows stop (:class:`FinishedRows`)
         and after each chunk of ``generation_batch_trajectories`` rows. interrupt(k): asked after
@@ -139,7 +142,11 @@ class HFRolloutEngine:
         there, its unfinished rows keeping the k tokens they have (no stop token, finish_reason
         "length" though shorter than ``max_new_tokens``: the caller, which asked, knows). The
         capability ``partial_rollout_interrupt``; the streaming rollout (:mod:`workers.group_stream`)
-        uses it to keep decoding on one KV cache until newer weights arrive."""
+        uses it to keep decoding on one KV cache until newer weights arrive. pause(unfinished): asked
+        when interrupt says True; it loads new weights into the model in place and True lets the
+        chunk's rows go on, on their KV cache, every derived weight form refreshed
+        (:class:`workers.rollout.hf_pause.InPlacePause`; ``weight_epochs`` set). ValueError where pause
+        cannot run (transformers' generate path)."""
         if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
             raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)}")
         empty = (~prompt_mask.bool().any(1)).nonzero().flatten().tolist() if prompt_ids.shape[1] else list(range(len(prompt_ids)))
@@ -147,6 +154,7 @@ class HFRolloutEngine:
             raise ValueError(f"prompt rows {empty[:8]}{' ...' if len(empty) > 8 else ''} have no real token "
                              "(prompt_mask all False); every prompt needs at least one token")
         rows = prompt_ids.shape[0] * sampling.n
+        paused = None if pause is None else InPlacePause(self, interrupt, pause)
         row_prompt = torch.arange(prompt_ids.shape[0]).repeat_interleave(sampling.n)  # trajectory → prompt
         uniforms = None
         if not sampling.greedy:
@@ -161,7 +169,7 @@ class HFRolloutEngine:
                 chunk_u = None if uniforms is None else uniforms[start : start + len(chunk)]
                 counter = None if progress is None else FinishedRows(sampling.stop_token_ids, progress, start, rows)
                 outputs.append(self._generate_chunk(prompt_ids, prompt_mask.bool(), chunk, sampling, chunk_u, counter,
-                                                    interrupt))  # fmt: skip
+                                                    interrupt, paused))  # fmt: skip
                 if progress is not None:
                     progress(start + len(chunk), rows)
         return RolloutOutput(
@@ -169,12 +177,13 @@ class HFRolloutEngine:
             right_pad([o.response_mask for o in outputs], False),
             right_pad([o.rollout_log_probs for o in outputs], 0.0),
             [r for o in outputs for r in o.finish_reason],
+            None if paused is None else right_pad([o.weight_epochs for o in outputs], 0),
         )
 
     def _generate_chunk(
         self, prompt_ids: Tensor, prompt_mask: Tensor, row_prompt: Tensor, sampling: SamplingParams,
         uniforms: Tensor | None, counter: FinishedRows | None = None,
-        interrupt: Callable[[int], bool] | None = None,
+        interrupt: Callable[[int], bool] | None = None, paused: InPlacePause | None = None,
     ) -> RolloutOutput:
         """Trajectories ``row_prompt`` (prompt index per row) in one ``generate`` call."""
         unique, inverse = torch.unique_consecutive(row_prompt, return_inverse=True)
@@ -188,6 +197,8 @@ class HFRolloutEngine:
             with torch.no_grad():
                 on_finished = None if counter is None else (lambda k: counter.tick(counter.offset + k, counter.total))
                 extra, steps = {}, self._fused
+                if paused is not None:
+                    paused.start_chunk()
                 if steps is not None:  # each distinct prompt prefilled once, inside the fused decoder
                     steps.prefill(ids, mask, inverse, sampling.max_new_tokens)
                 else:
@@ -195,10 +206,10 @@ class HFRolloutEngine:
                 res = decode(self.model, ids[inverse], mask[inverse], sampling,
                              None if uniforms is None else uniforms.to(self.device), self.pad_token_id,
                              prefix_cache=extra, on_finished=on_finished, step=self.compiled_step,
-                             steps=steps, interrupt=interrupt)  # fmt: skip
+                             steps=steps, interrupt=interrupt if paused is None else paused.interrupt, pause=paused)
             self._count_decode(res.row_steps, res.useful_row_steps)
-            return finalize_responses(res.response_ids.cpu(), res.log_probs.cpu(), sampling.stop_token_ids,
-                                      self.pad_token_id)  # fmt: skip
+            out = finalize_responses(res.response_ids.cpu(), res.log_probs.cpu(), sampling.stop_token_ids, self.pad_token_id)
+            return out if paused is None else paused.with_epochs(out)
         sampler = RolloutSampler(sampling, prompt_len, uniforms)
         config = GenerationConfig(
             max_new_tokens=sampling.max_new_tokens,
@@ -233,7 +244,7 @@ class HFRolloutEngine:
         number packed). The fused decoder's weight copies and KV cache are dropped on exit."""
         was_training = self.model.training
         self.model.eval()
-        hint = min(rows, self.generation_batch_trajectories)
+        hint = self._pack_hint = min(rows, self.generation_batch_trajectories)  # (InPlacePause repacks with it)
         if not fused:
             self.fused_decode_reason = "multi-turn calls (generate_continuing) decode with transformers' generate"
         elif not self.fused_decode:
@@ -384,18 +395,6 @@ class HFRolloutEngine:
 
     def wake_up(self) -> None:
         """No-op (see :meth:`sleep`)."""
-
-
-class Interrupt(StoppingCriteria):
-    """transformers' ``generate`` path of :meth:`HFRolloutEngine.generate`'s ``interrupt``: every
-    row stops once ``interrupt(new tokens so far)`` says so."""
-
-    def __init__(self, interrupt: Callable[[int], bool], prompt_len: int) -> None:
-        self.interrupt, self.prompt_len = interrupt, prompt_len
-
-    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
-        stop = bool(self.interrupt(input_ids.shape[1] - self.prompt_len))
-        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
 def _weights_by_name(model: nn.Module) -> dict[str, Tensor]:

@@ -1,6 +1,7 @@
 """Sampling inside transformers' ``generate`` for the hf engine's generate path (multi-turn
 calls, and single-turn calls with ``rollout.drop_finished_rows: false``): :class:`RolloutSampler`,
-the call's only logits processor, and :func:`clean_generation_config`.
+the call's only logits processor, :func:`clean_generation_config`, and :class:`Interrupt` (the
+``interrupt`` of :meth:`workers.rollout.hf.HFRolloutEngine.generate` as a stopping criterion).
 
 The sampler records log softmax(logits / T) of the *full* distribution (before top-k / top-p)
 and gathers the chosen token's value one step later — the quantity the trainer recomputes
@@ -12,12 +13,13 @@ in greedy mode (``do_sample=False``) and takes that token.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, LogitsProcessor
+from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 
 from workers.rollout.base import SamplingParams
 from workers.rollout.decode_step import pick_tokens
@@ -74,4 +76,16 @@ def clean_generation_config(model: nn.Module) -> Iterator[None]:
         target.generation_config = saved
 
 
-__all__ = ["RolloutSampler", "clean_generation_config"]
+class Interrupt(StoppingCriteria):
+    """transformers' ``generate`` path of :meth:`HFRolloutEngine.generate`'s ``interrupt``: every
+    row stops once ``interrupt(new tokens so far)`` says so."""
+
+    def __init__(self, interrupt: Callable[[int], bool], prompt_len: int) -> None:
+        self.interrupt, self.prompt_len = interrupt, prompt_len
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
+        stop = bool(self.interrupt(input_ids.shape[1] - self.prompt_len))
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+__all__ = ["Interrupt", "RolloutSampler", "clean_generation_config"]

@@ -12,7 +12,8 @@ at 16 rows and a 113-token cache: 134 → 97 ms per decode step (docs/benchmarks
 
 The packed copies are made when the block is entered and dropped when it exits: a weight
 update (an optimizer step, ``load_weights``) between two generate calls is always seen, and
-no second copy of the weights outlives the call. Packing costs one pass over the weights
+no second copy of the weights outlives the call. A load *inside* a call (``rollout.partial:
+pause``) is followed by :func:`repack_linears`, which packs the new weights again. Packing costs one pass over the weights
 (0.31 s for SmolLM2's 211 linears, median of 5), once per generate call. Results are those
 of ``F.linear`` up to float rounding (another summation order): logits within ~1e-4 of the
 unpacked ones.
@@ -117,19 +118,37 @@ def packed_linears(model: nn.Module, batch_hint: int, dtype: torch.dtype | None 
         if available() and packs(dtype or torch.float32):
             hint = max(1, int(batch_hint))
             for module in model.modules():
-                if not packable(module):
-                    continue
-                cast = dtype is not None and dtype != module.weight.dtype
-                with torch.no_grad():
-                    w = module.weight.detach()
-                    packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous() if cast else w, hint)
-                bias = None if module.bias is None else module.bias.detach().to(packed.dtype).contiguous()
-                module.forward = partial(_cast_packed_forward if cast else _packed_forward, module, packed, bias)
-                patched.append(module)
+                if packable(module):
+                    _pack(module, hint, dtype)
+                    patched.append(module)
         yield len(patched)
     finally:
         for module in patched:
             module.__dict__.pop("forward", None)
 
 
-__all__ = ["available", "packable", "packed_linears", "packs"]
+def _pack(module: nn.Linear, hint: int, dtype: torch.dtype | None) -> None:
+    """Give ``module`` an instance forward on a packed copy of its current weight (and bias)."""
+    cast = dtype is not None and dtype != module.weight.dtype
+    with torch.no_grad():
+        w = module.weight.detach()
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous() if cast else w, hint)
+    bias = None if module.bias is None else module.bias.detach().to(packed.dtype).contiguous()
+    module.forward = partial(_cast_packed_forward if cast else _packed_forward, module, packed, bias)
+
+
+def repack_linears(model: nn.Module, batch_hint: int, dtype: torch.dtype | None = None) -> int:
+    """Inside a :func:`packed_linears` block (same ``batch_hint`` and ``dtype``), pack again every
+    module it packed, from the module's weight as it is now: after weights were loaded in place in
+    the middle of a generate call (``rollout.partial: pause``), the packed copies would otherwise
+    still hold the old weights. Returns the number of modules packed again."""
+    hint, count = max(1, int(batch_hint)), 0
+    for module in model.modules():
+        forward = module.__dict__.get("forward")
+        if isinstance(forward, partial) and forward.func in (_packed_forward, _cast_packed_forward):
+            _pack(module, hint, dtype)
+            count += 1
+    return count
+
+
+__all__ = ["available", "packable", "packed_linears", "packs", "repack_linears"]
