@@ -40,7 +40,7 @@ $(LMEVAL): $(ARITH) | $(STAMP)
 RGYM := data/reasoning_gym/train.parquet
 $(RGYM): | $(STAMP)
 	$(BIN)/hybridflow data reasoning-gym --dataset chain_sum --config max_terms=2 --config max_digits=2 \
-		--n 1500 --seed 0 --out $@ --test-out data/reasoning_gym/test.parquet --test-n 200
+		--answer-format boxed --n 1500 --seed 0 --out $@ --test-out data/reasoning_gym/test.parquet --test-n 200
 
 demo-reasoning-gym: $(STAMP) $(RGYM)
 	$(BIN)/hybridflow train -c examples/grpo_reasoning_gym.yaml

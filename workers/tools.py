@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.agents.remote import EnvCall, EnvOutcome, EnvRunner
+from hybridflow.agents.remote import EnvCall, EnvOutcome, EnvRunner, worker_preload
 from hybridflow.config import ExperimentConfig
 from workers.dispatch import dispatch
 
@@ -42,7 +42,7 @@ class ToolsWorker:
         mt = cfg.rollout.multi_turn
         self.rank, self.world_size = rank, world_size
         # a rank gets the keys ≡ rank mod world_size (keyed_scatter); the stride spreads them over its workers
-        self.runner = EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins, key_stride=world_size)
+        self.runner = EnvRunner(mt.num_workers, mt.tool_timeout_s, worker_preload(cfg), key_stride=world_size)
 
     @dispatch("keyed_scatter")
     def run_env_calls(self, calls: list[EnvCall]) -> list[EnvOutcome]:

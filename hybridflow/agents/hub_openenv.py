@@ -66,6 +66,7 @@ def render_observation(fields: dict[str, Any], observation_field: str | None) ->
 
 @register_environment("openenv")
 class OpenEnvEnvironment:
+    preload = ("openenv.core",)  # imported by each environment worker at start, off the call clock (~1 s)
     """One episode of an OpenEnv environment (see the module docstring).
 
     env_kwargs: ``env`` (spec, in-process) or ``base_url`` (server) — exactly one; ``action`` (spec of

@@ -118,6 +118,7 @@ class VerifiersEnvironment:
     """
 
     picklable = False  # a suspended rollout coroutine: the instance stays in one worker (sticky)
+    preload = ("verifiers",)  # imported by each environment worker at start, off the call clock
 
     def __init__(self, env: str | None = None, env_id: str | None = None, env_args: dict[str, Any] | None = None,
                  example: int = 0, split: str = "train") -> None:  # fmt: skip

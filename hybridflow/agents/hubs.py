@@ -80,6 +80,7 @@ def _render(messages: list[tuple[int, str, Any]]) -> str:
 
 @register_environment("textarena")
 class TextArenaEnvironment:
+    preload = ("textarena",)  # imported by each environment worker at start, off the call clock (~5 s: nltk, scipy)
     """A single-player TextArena game (see the module docstring).
 
     env_kwargs: ``env_id`` (required, e.g. ``"GuessTheNumber-v0"``), ``seed`` (int; the game's
@@ -133,6 +134,7 @@ def _last_int(text: str) -> int | None:
 
 @register_environment("gymnasium")
 class GymnasiumEnvironment:
+    preload = ("gymnasium",)  # imported by each environment worker at start, off the call clock
     """An environment with Gymnasium's API (see the module docstring).
 
     env_kwargs: ``env_id`` (a ``gymnasium.make`` id, or a ``"pkg.mod:Class"`` / ``"file.py:Class"``

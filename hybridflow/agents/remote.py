@@ -181,6 +181,29 @@ def _env_call(call: EnvCall) -> EnvResult:
                      truncated=cut, sticky=sticky)
 
 
+def worker_preload(cfg: Any) -> list[str]:
+    """Modules every environment worker imports at start, off the call clock: ``trainer.plugins``,
+    then the ``preload`` modules that ``rollout.environment``'s class declares (a hub adapter names
+    its package: textarena imports nltk and scipy, ~5 s, which would otherwise count against the
+    first ``reset``'s ``tool_timeout_s``). Only modules installed here are named: a missing package
+    keeps the adapter's own one-line error at ``reset``. Nothing is imported in this process."""
+    import importlib.util
+
+    from hybridflow.agents.environments import ENVIRONMENTS
+
+    mods = list(cfg.trainer.plugins)
+    name = cfg.rollout.environment
+    if name and name in ENVIRONMENTS:
+        for mod in getattr(ENVIRONMENTS.get(name), "preload", ()):
+            try:
+                found = importlib.util.find_spec(mod) is not None
+            except (ImportError, ValueError):  # a parent package missing
+                found = False
+            if found and mod not in mods:
+                mods.append(mod)
+    return mods
+
+
 class EnvRunner:
     """Parent side: a process pool executing environment calls. ``num_workers`` processes,
     ``timeout_s`` per call, ``plugins`` imported in each worker first. Started on first use;
@@ -259,4 +282,5 @@ class EnvRunner:
             self._pool = None
 
 
-__all__ = ["ENV_CALLS", "EnvCall", "EnvOutcome", "EnvResult", "EnvRunner", "env_call", "is_picklable_environment"]
+__all__ = ["ENV_CALLS", "EnvCall", "EnvOutcome", "EnvResult", "EnvRunner", "env_call", "is_picklable_environment",
+           "worker_preload"]

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="a dataset config value (repeatable): key=value for every listed dataset, "
                         "dataset.key=value for one (e.g. max_terms=3, chain_sum.max_digits=1)")
+    r.add_argument("--answer-format", choices=("tags", "boxed"), default="tags",
+                   help="what the prompt asks the answer in and the reward reads: <answer> tags (reasoning-gym's "
+                        "own convention, default) or \\boxed{}")
     r.add_argument("--test-out", default=None,
                    help="also write a held-out split here: problems whose question is not in --out")
     r.add_argument("--test-n", type=int, default=256, help="size of the held-out split (default: 256)")
@@ -163,9 +166,10 @@ def _reasoning_gym(args: argparse.Namespace) -> list:
 
     names = [x.strip() for x in args.dataset.split(",") if x.strip()]
     overrides = parse_overrides(names, args.config)
-    rows = make_reasoning_gym(names, args.n, seed=args.seed, overrides=overrides)
+    rows = make_reasoning_gym(names, args.n, seed=args.seed, overrides=overrides, answer_format=args.answer_format)
     if args.test_out:
-        candidates = iter_reasoning_gym(names, args.n + 20 * args.test_n, seed=args.seed, overrides=overrides, split="test")
+        candidates = iter_reasoning_gym(names, args.n + 20 * args.test_n, seed=args.seed, overrides=overrides,
+                                        split="test", answer_format=args.answer_format)  # fmt: skip
         test = held_out(rows, candidates, args.test_n)
         write_rows(test, args.test_out)
         print(f"wrote {len(test)} held-out reasoning-gym rows (no question shared with --out) to {args.test_out}")

@@ -1,13 +1,14 @@
 """Reward for reasoning-gym rows (``hybridflow data reasoning-gym``, data_source ``reasoning_gym/<dataset>``).
 
 The answer is the content of the last ``<answer>...</answer>`` pair (what the rows' prompt asks
-for, :data:`hybridflow.data.tasks.reasoning_gym.INSTRUCTION`), stripped; it is judged by the
+for, :data:`hybridflow.data.tasks.reasoning_gym.INSTRUCTION`), or of the last ``\\boxed{}`` for rows
+made with ``--answer-format boxed`` (``extra_info.answer_format``), stripped; it is judged by the
 dataset's own verifier, ``dataset.score_answer(answer, entry)``, with the entry and the config
 overrides the row carries in ``extra_info`` — so partial credit is exactly reasoning-gym's
 (e.g. ``basic_arithmetic`` pays len(truth)/len(answer) when the answer contains the truth;
 ``prime_factorization`` 0.5 for the right product in the wrong form).
 
-Two decisions of hybridflow's: a response without an ``<answer>`` pair scores 0.0 without asking
+Two decisions of hybridflow's: a response without an ``<answer>`` pair (a box) scores 0.0 without asking
 the verifier (``parsed`` False); a verifier that raises on the model's text (``prime_factorization``
 raises ValueError on ``"abc"``) scores 0.0 with ``verifier_error`` True — a malformed answer is a
 wrong answer, not a failure of the reward. ``acc`` is 1.0 only for a full score.
@@ -18,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.config import RewardConfig
-from hybridflow.rewards.extract import extract_answer_tags
+from hybridflow.rewards.extract import extract_answer_tags, extract_boxed
 from hybridflow.rewards.registry import register_reward
 
 
@@ -37,7 +38,9 @@ def reasoning_gym_reward(solution_str: str, ground_truth: Any, extra_info: Any, 
         raise ValueError("reasoning_gym rows need extra_info.entry (make them with `hybridflow data reasoning-gym`)")
     dataset = scorer(extra_info["dataset"], extra_info.get("config") or "{}")
     entry = decode(extra_info["entry"])
-    pred = extract_answer_tags(solution_str)
+    boxed = extra_info.get("answer_format") == "boxed"
+    pred = extract_boxed(solution_str) if boxed else extract_answer_tags(solution_str)
+    pred = pred.strip() if isinstance(pred, str) else None
     if pred is None:
         return {"score": 0.0, "acc": 0.0, "parsed": False, "verifier_error": False, "pred": None}
     try:

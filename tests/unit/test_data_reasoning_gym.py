@@ -104,6 +104,28 @@ def test_a_response_without_answer_tags_scores_zero_unparsed(parity_rows):
     assert got["score"] == 1.0 and got["pred"] == r.ground_truth
 
 
+def test_boxed_rows_ask_for_a_box_and_their_reward_reads_the_last_box(tmp_path):
+    out = tmp_path / "boxed.parquet"
+    assert cli_main(["data", "reasoning-gym", "--dataset", "chain_sum,prime_factorization", "--n", "6", "--seed", "2",
+                     "--answer-format", "boxed", "--out", str(out)]) == 0  # fmt: skip
+    rows = load_rows([str(out)], DataConfig())
+    assert rows and all(r.prompt[-1]["content"].endswith("\n\nPut the final answer in \\boxed{}.") for r in rows)
+    assert {r.extra_info["answer_format"] for r in rows} == {"boxed"}
+    for r in rows:
+        truth = r.ground_truth
+        score = functools.partial(default_compute_score, r.data_source, ground_truth=truth, extra_info=r.extra_info)
+        assert score(solution_str=f"so \\boxed{{0}} no, \\boxed{{{truth}}}")["score"] == 1.0
+        assert score(solution_str=f"<answer>{truth}</answer>")["parsed"] is False  # tags are not what was asked
+    # rows of the default format (no answer_format in extra_info, as older files) still read tags
+    tags = make_reasoning_gym(["chain_sum"], 1, seed=2)[0]
+    assert tags["extra_info"]["answer_format"] == "tags" and tags["prompt"][-1]["content"].endswith(INSTRUCTION)
+    old = {k: v for k, v in tags["extra_info"].items() if k != "answer_format"}
+    truth = tags["reward_model"]["ground_truth"]
+    assert default_compute_score(tags["data_source"], f"<answer>{truth}</answer>", truth, old)["score"] == 1.0
+    with pytest.raises(ValueError, match="answer format 'latex': one of tags, boxed"):
+        make_reasoning_gym(["chain_sum"], 1, seed=2, answer_format="latex")
+
+
 def test_generation_is_seeded_prefix_stable_and_seeds_do_not_shift():
     a = make_reasoning_gym(["chain_sum", "leg_counting"], 40, seed=3)
     assert a == make_reasoning_gym(["chain_sum", "leg_counting"], 40, seed=3)

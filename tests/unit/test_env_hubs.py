@@ -154,3 +154,28 @@ def test_game_metrics_count_only_the_trajectories_that_report_them():
     m = multi_turn_metrics([*game, other])
     assert m["env/invalid_moves/mean"] == pytest.approx(1.0) and m["env/win_rate"] == pytest.approx(1 / 3)
     assert "env/win_rate" not in multi_turn_metrics([other]) and "env/invalid_moves/mean" not in multi_turn_metrics([other])
+
+
+@pytest.mark.parametrize(("environment", "plugins", "want"), [
+    ("textarena", [], ["textarena"]),  # ~5 s of nltk + scipy imports, off the first reset's clock
+    ("verifiers", ["my_plugins"], ["my_plugins", "verifiers"]),
+    ("openenv", [], ["openenv.core"]),
+    ("gymnasium", ["gymnasium"], ["gymnasium"]),  # named once
+    ("tools", ["my_plugins"], ["my_plugins"]),  # the built-in tools environment declares nothing
+    (None, [], []),
+])
+def test_environment_workers_import_the_adapters_package_before_the_first_call(environment, plugins, want):
+    from hybridflow.agents.remote import worker_preload
+    from hybridflow.config import ExperimentConfig
+
+    cfg = ExperimentConfig.model_validate({"rollout": {"environment": environment}, "trainer": {"plugins": plugins}})
+    assert worker_preload(cfg) == want
+
+
+def test_a_preload_package_not_installed_is_left_to_the_adapters_own_error(monkeypatch):
+    from hybridflow.agents.remote import worker_preload
+    from hybridflow.config import ExperimentConfig
+
+    monkeypatch.setattr(TextArenaEnvironment, "preload", ("textarena", "no_such_package_xyz", "no_such.sub"))
+    cfg = ExperimentConfig.model_validate({"rollout": {"environment": "textarena"}})
+    assert worker_preload(cfg) == ["textarena"]

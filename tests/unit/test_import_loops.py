@@ -37,6 +37,9 @@ ALLOWED_EDGES: dict[tuple[str, str], str] = {
     ("hybridflow.agents.environments", "hybridflow.agents.hub_openenv"):
         "registry pattern: the environment registry imports the OpenEnv adapter lazily on first "
         "lookup; it imports the registry to register itself",
+    ("hybridflow.agents.environments", "hybridflow.agents.hub_verifiers"):
+        "registry pattern: the environment registry imports the verifiers adapter lazily on first "
+        "lookup; it imports the registry to register itself",
     **{("workers.rollout.base", f"workers.rollout.{engine}"):
        "registry pattern: the rollout-engine registry imports the built-in engines lazily by "
        "name; each engine module imports the protocol and registry from base"

@@ -131,11 +131,11 @@ class MultiTurnRollout:
         """For an ExperimentConfig: the tools pool executes reset/step when a pool has the ``tools``
         role (:class:`workers.tools.PoolEnvRunner`, looked up in the Ray ``namespace``: the run's;
         None: the job's), else an in-process EnvRunner of ``rollout.multi_turn.num_workers`` processes."""
-        from hybridflow.agents.remote import EnvRunner
+        from hybridflow.agents.remote import EnvRunner, worker_preload
         from workers.tools import PoolEnvRunner, tools_pool_name
 
         mt, pool = cfg.rollout.multi_turn, tools_pool_name(cfg)
-        runner = PoolEnvRunner(pool, namespace) if pool else EnvRunner(mt.num_workers, mt.tool_timeout_s, cfg.trainer.plugins)
+        runner = PoolEnvRunner(pool, namespace) if pool else EnvRunner(mt.num_workers, mt.tool_timeout_s, worker_preload(cfg))
         return cls(engine, tokenizer, cfg.rollout, runner)
 
     # ---- the loop ------------------------------------------------------------------------------

@@ -6,10 +6,13 @@ its entries into rows and gives the reward (:mod:`hybridflow.rewards.reasoning_g
 to call that verifier again:
 
 - ``prompt``: one user message, the entry's question followed by :data:`INSTRUCTION` (the final
-  answer between ``<answer>`` and ``</answer>``, as reasoning-gym's own system prompts ask).
+  answer between ``<answer>`` and ``</answer>``, as reasoning-gym's own system prompts ask), or with
+  ``answer_format="boxed"`` :data:`BOXED_INSTRUCTION` (``\\boxed{}``, which small instruct models trained
+  on math write far more readily than tags).
 - ``reward_model.ground_truth``: the entry's oracle answer (a string).
 - ``extra_info``: ``dataset``, ``seed`` (hybridflow's), ``split``, ``index`` (within the dataset),
-  ``reasoning_gym_version``, ``config`` (the ``--config`` overrides) and ``entry`` (the whole
+  ``reasoning_gym_version``, ``answer_format`` ("tags" | "boxed"; rows without it are "tags"),
+  ``config`` (the ``--config`` overrides) and ``entry`` (the whole
   entry: question, answer, metadata). ``config`` and ``entry`` are JSON *strings* (:func:`encode`):
   entries of different datasets have different metadata, which one parquet struct column cannot
   hold, and tuples and non-string dict keys survive the round trip, since some verifiers compare
@@ -38,6 +41,8 @@ from typing import Any
 
 PINNED_VERSION = "0.1.25"  # keep equal to pyproject.toml's reasoning-gym pin
 INSTRUCTION = "Give only the final answer between <answer> and </answer> tags."
+BOXED_INSTRUCTION = "Put the final answer in \\boxed{}."
+ANSWER_FORMATS = ("tags", "boxed")  # what the prompt asks for; extra_info.answer_format tells the reward
 RESERVED_KEYS = ("seed", "size")  # set by --seed and --n
 
 
@@ -157,20 +162,23 @@ def scorer(name: str, config_json: str) -> Any:
 
 
 def make_reasoning_gym(datasets: Sequence[str], n: int, *, seed: int, overrides: dict[str, dict[str, Any]] | None = None,
-                       split: str = "train") -> list[dict[str, Any]]:  # fmt: skip
+                       split: str = "train", answer_format: str = "tags") -> list[dict[str, Any]]:  # fmt: skip
     """``n`` verl-format rows interleaved from ``datasets`` (module docstring), seeded.
 
     overrides: {dataset: {config key: value}} (:func:`parse_overrides`). Raises ReasoningGymError
     for an unknown dataset or key, a config the dataset rejects, a dataset without a single
     oracle answer (its ``answer`` is None: boxnet, rush_hour, ...) or an entry that does not
-    survive the JSON round trip; ValueError for n < 0 or no dataset.
+    survive the JSON round trip; ValueError for n < 0, no dataset or an answer_format not in
+    :data:`ANSWER_FORMATS`.
     """
-    return list(iter_reasoning_gym(datasets, n, seed=seed, overrides=overrides, split=split))
+    return list(iter_reasoning_gym(datasets, n, seed=seed, overrides=overrides, split=split, answer_format=answer_format))
 
 
 def iter_reasoning_gym(datasets: Sequence[str], n: int, *, seed: int, overrides: dict[str, dict[str, Any]] | None = None,
-                       split: str = "train") -> Iterator[dict[str, Any]]:  # fmt: skip
+                       split: str = "train", answer_format: str = "tags") -> Iterator[dict[str, Any]]:  # fmt: skip
     """The rows of :func:`make_reasoning_gym`, lazily (checks run before the first row)."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer format {answer_format!r}: one of {', '.join(ANSWER_FORMATS)}")
     if n < 0:
         raise ValueError(f"n={n} must be >= 0")
     if not datasets:
@@ -186,18 +194,19 @@ def iter_reasoning_gym(datasets: Sequence[str], n: int, *, seed: int, overrides:
         size = max(1, (n - j + k - 1) // k)
         config_json = encode(overrides.get(name, {}))
         made.append((name, config_json, _dataset(name, config_json, rg_seed(seed, name, split), size)))
-    return _rows(made, n, seed, split)
+    return _rows(made, n, seed, split, answer_format)
 
 
-def _rows(made: list[tuple[str, str, Any]], n: int, seed: int, split: str) -> Iterator[dict[str, Any]]:
+def _rows(made: list[tuple[str, str, Any]], n: int, seed: int, split: str, answer_format: str) -> Iterator[dict[str, Any]]:
     for i in range(n):
         name, config_json, ds = made[i % len(made)]
         index = i // len(made)
         entry = ds[index]
-        yield _row(name, config_json, entry, seed, split, index)
+        yield _row(name, config_json, entry, seed, split, index, answer_format)
 
 
-def _row(name: str, config_json: str, entry: dict[str, Any], seed: int, split: str, index: int) -> dict[str, Any]:
+def _row(name: str, config_json: str, entry: dict[str, Any], seed: int, split: str, index: int,
+         answer_format: str = "tags") -> dict[str, Any]:  # fmt: skip
     if entry.get("answer") is None:
         raise ReasoningGymError(f"reasoning-gym dataset {name!r} has no single oracle answer (only a verifier); "
                                 "not supported as a data task")  # fmt: skip
@@ -206,11 +215,13 @@ def _row(name: str, config_json: str, entry: dict[str, Any], seed: int, split: s
         raise ReasoningGymError(f"reasoning-gym dataset {name!r}: entry {index} does not survive the JSON round trip")
     return {
         "data_source": f"reasoning_gym/{name}",
-        "prompt": [{"role": "user", "content": f"{entry['question'].rstrip()}\n\n{INSTRUCTION}"}],
+        "prompt": [{"role": "user", "content": f"{entry['question'].rstrip()}\n\n"
+                                               f"{BOXED_INSTRUCTION if answer_format == 'boxed' else INSTRUCTION}"}],
         "ability": "reasoning",
         "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
         "extra_info": {"generator": "reasoning_gym", "reasoning_gym_version": PINNED_VERSION, "dataset": name,
-                       "seed": seed, "split": split, "index": index, "config": config_json, "entry": encoded},
+                       "seed": seed, "split": split, "index": index, "answer_format": answer_format,
+                       "config": config_json, "entry": encoded},
     }  # fmt: skip
 
 
@@ -251,6 +262,8 @@ def _untag(v: Any) -> Any:
 
 __all__ = [
     "PINNED_VERSION",
+    "ANSWER_FORMATS",
+    "BOXED_INSTRUCTION",
     "INSTRUCTION",
     "ReasoningGymError",
     "require_reasoning_gym",
