@@ -23,11 +23,15 @@ VLLM_JUDGE = (*ON, "reward.judge.engine=vllm")
 
 
 # ---- config and interpreter -------------------------------------------------------------------------
-def test_the_judge_engine_defaults_to_hf_and_kv_cache_gib_is_for_vllm_only():
+def test_the_judge_engine_defaults_to_hf_and_what_a_vllm_judge_needs_is_checked():
     assert tiny_cfg(*ON).reward.judge.engine == "hf"
     assert tiny_cfg(*VLLM_JUDGE, "reward.judge.kv_cache_gib=0.25").reward.judge.kv_cache_gib == 0.25
     with pytest.raises(ConfigError, match="reward.judge.kv_cache_gib=0.25 is for reward.judge.engine=vllm"):
         tiny_cfg(*ON, "reward.judge.kv_cache_gib=0.25")
+    shared = "placement.pools.main={workers: 1, cpus_per_worker: 1, roles: [policy, judge]}"
+    with pytest.raises(ConfigError, match=r"reward.judge.engine=vllm: placement.pools.main also holds \['policy'\]"):
+        tiny_cfg("reward.judge.enable=true", "reward.judge.engine=vllm", shared)
+    assert tiny_cfg("reward.judge.enable=true", shared).reward.judge.enable  # an hf judge may share a pool
 
 
 def test_only_the_judge_pool_runs_on_the_vllm_runtime_when_only_the_judge_uses_vllm(monkeypatch):
