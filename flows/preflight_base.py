@@ -33,10 +33,10 @@ def check_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 def check_engine(cfg: ExperimentConfig) -> None:
-    """The rollout engine can run here: for ``rollout.engine: vllm`` the vLLM runtime (``make
-    setup-vllm``) exists and matches, the CPU and the config suit vLLM's build, the KV cache fits
-    (:func:`flows.preflight_vllm.check_vllm`); checked before any server starts, not when the
-    pool builds the engine."""
+    """The engines can run here: for ``rollout.engine: vllm`` or ``reward.judge.engine: vllm`` the vLLM
+    runtime (``make setup-vllm``) exists and matches, the CPU and the config suit vLLM's build, the KV
+    caches fit (:func:`flows.preflight_vllm.check_vllm`); checked before any server starts, not when
+    the pool builds the engine."""
     from flows.preflight_vllm import check_vllm
 
     check_vllm(cfg, PreflightError)

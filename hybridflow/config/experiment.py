@@ -345,7 +345,8 @@ class ExperimentConfig(_Section):
             )
 
     def _check_judge_pool(self) -> None:
-        """``reward.judge.enable`` and a pool with role ``judge`` come together (the judge node calls that pool)."""
+        """``reward.judge.enable`` and a pool with role ``judge`` come together (the judge node calls that pool);
+        a vLLM judge has that pool to itself."""
         where = next((n for n, p in self.placement.pools.items() if "judge" in p.roles), None)
         if self.reward.judge.enable and where is None:
             raise ValueError("reward.judge.enable=true needs a pool with role 'judge': add e.g. "
@@ -358,6 +359,11 @@ class ExperimentConfig(_Section):
         if where is not None and not self.reward.judge.enable:
             raise ValueError(f"placement.pools.{where}: role 'judge' but reward.judge.enable is false (nothing for "
                              "the judge pool to do): set reward.judge.enable=true, or drop the role")
+        others = sorted(set(self.placement.pools[where].roles) - {"judge"}) if where is not None else []
+        if self.reward.judge.enable and self.reward.judge.engine == "vllm" and others:
+            raise ValueError(f"reward.judge.engine=vllm: placement.pools.{where} also holds {others}; a vLLM judge "
+                             "is an engine of its own (its KV cache, the vLLM interpreter): give role 'judge' a pool "
+                             "of its own")
 
     @property
     def judge_model(self) -> ModelConfig:

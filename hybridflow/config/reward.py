@@ -110,6 +110,17 @@ class JudgeConfig(_Section):
         True, description="Send the rendered rubric as a user turn of the judge's chat template when it has one; "
         "else as plain text."
     )
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="The judge's generation engine: 'hf' (transformers, in the default runtime) or 'vllm' (the judge "
+        "pool runs on the vLLM runtime, `make setup-vllm`). Not tied to rollout.engine: a vLLM judge is a second "
+        "vLLM engine with a KV cache of its own (docs/rewards.md, 'Judged rewards').",
+    )
+    kv_cache_gib: float | None = Field(
+        None, gt=0,
+        description="engine=vllm on a CPU: the judge engine's KV cache in GiB (None = rollout.kv_cache_gib); it "
+        "must hold one sequence of the judge's context. Not used by the hf engine.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> JudgeConfig:
@@ -122,6 +133,9 @@ class JudgeConfig(_Section):
         if self.enable and self.weight == 0:
             raise ValueError("reward.judge.weight=0 with reward.judge.enable=true: the judge's score would be unused "
                              "(set a weight > 0, or reward.judge.enable=false)")
+        if self.engine == "hf" and self.kv_cache_gib is not None:
+            raise ValueError(f"reward.judge.kv_cache_gib={self.kv_cache_gib:g} is for reward.judge.engine=vllm; the hf "
+                             "engine has no KV cache to size (drop it, or set reward.judge.engine=vllm)")
         return self
 
 

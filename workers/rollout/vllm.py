@@ -162,10 +162,11 @@ def retie_lm_head_on_worker(worker: Any) -> bool:
     return True
 
 
-def model_folder(model_cfg: Any) -> str:
+def model_folder(model_cfg: Any, *, seed: int = 0) -> str:
     """The HF folder vLLM loads: ``model.path`` itself (a GGUF's cached safetensors copy), or for
-    "tiny" the random model and char tokenizer saved into a temporary folder (the trainer's weights
-    replace them at the first sync)."""
+    "tiny" the random model (initialised from ``seed``, as :func:`hybridflow.models.load_causal_lm`)
+    and char tokenizer saved into a temporary folder (a policy's weights replace them at the first
+    sync; a judge keeps them: the initial policy of a run with that seed)."""
     from hybridflow.models import (
         hf_folder,
         load_causal_lm,
@@ -179,7 +180,7 @@ def model_folder(model_cfg: Any) -> str:
         return str(hf_folder(resolved))
     folder = Path(tempfile.mkdtemp(prefix="hybridflow-vllm-tiny-")) / "model"
     tiny = model_cfg.model_copy(update={"lora_rank": 0, "gradient_checkpointing": False})
-    return str(save_hf_checkpoint(load_causal_lm(tiny), load_tokenizer(tiny), folder))
+    return str(save_hf_checkpoint(load_causal_lm(tiny, seed=seed), load_tokenizer(tiny), folder))
 
 
 def sleep_mode_available() -> bool:
@@ -234,6 +235,7 @@ class VLLMRolloutEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         dtype: str | None = None,
+        model_seed: int = 0,
     ) -> VLLMRolloutEngine:
         """Build ``vllm.LLM`` on the policy's HF folder (a GGUF's safetensors cache for GGUF models).
 
@@ -242,8 +244,8 @@ class VLLMRolloutEngine:
         vLLM's CPU build (settings in workers/rollout/vllm_settings.py); a CUDA device = the GPU
         wheel. ``dtype``: the rollout dtype (None: ``rollout_cfg.dtype``, else the model's parameter dtype).
         ``max_model_len``: the longest sequence (None: ``rollout_cfg.max_model_len``, else the model's
-        context). Sets the process
-        environment vLLM reads (in-process engine core; no thread pinning on a CPU) first.
+        context). ``model_seed``: the seed of a "tiny" model's random weights (:func:`model_folder`).
+        Sets the process environment vLLM reads (in-process engine core; no thread pinning on a CPU) first.
         """
         from hybridflow.precision import model_precision
 
@@ -253,11 +255,17 @@ class VLLMRolloutEngine:
 
         sleep_mode = sleep_mode_available()
         kwargs = vllm_llm_kwargs(
-            folder=model_folder(model_cfg), model_cfg=model_cfg, rollout_cfg=rollout_cfg,
+            folder=model_folder(model_cfg, seed=model_seed), model_cfg=model_cfg, rollout_cfg=rollout_cfg,
             dtype=dtype or rollout_cfg.dtype or model_precision(model_cfg).param_dtype, on_cpu=on_cpu, sleep_mode=sleep_mode, seed=seed,
             max_model_len=max_model_len or rollout_cfg.max_model_len,
         )
         return cls(LLM(**kwargs), pad_token_id=tokenizer.pad_token_id, sleep_mode=sleep_mode)
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt + response tokens) this engine takes: vLLM's resolved
+        ``max_model_len`` (the one asked for, else the model's context)."""
+        return int(self.llm.model_config.max_model_len)
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams,
                  interrupt: Callable[[int], bool] | None = None,

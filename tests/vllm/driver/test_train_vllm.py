@@ -130,6 +130,25 @@ def test_bfloat16_rollouts_train_and_report_the_gap(workdir):
     assert 0 < m["rollout/logprob_diff_mean"] < 0.5 and 0 < m["training/rollout_probs_diff_mean"] < 0.5
 
 
+def test_judge_on_vllm_scores_every_trajectory_beside_hf_rollouts(workdir):
+    """reward.judge.engine=vllm with rollout.engine=hf (examples/grpo_arith_judge.yaml): only the judge
+    pool runs on the vLLM runtime (on the default one, `from vllm import LLM` would fail the run). The
+    tiny judge's 4 verdict tokens cannot hold a <score>N</score> tag, so every row is unparsed and
+    counted, and the run trains anyway (reward.max_failure_iterations=1)."""
+    from hybridflow.batch import Batch
+
+    code, out = _train(workdir, "examples/grpo_arith_judge.yaml", "trainer.run_id=judge", "trainer.total_iterations=1",
+                       "reward.judge.engine=vllm", "reward.judge.kv_cache_gib=0.25", "reward.judge.verdict=score_tag",
+                       "reward.judge.max_new_tokens=4", "reward.max_failure_iterations=1")
+    assert code == 0, out[-3000:]
+    run = workdir / "runs" / "judge"
+    (m,) = _metrics(run)
+    assert m["reward/judge_unparsed"] == 4.0 and m["reward/judge_overlong"] == 0.0  # 2 prompts × 2 samples
+    assert m["timing_s/judge"] > 0 and m["judge/tokens_per_s"] > 0 and m["judge/verdict_tokens/mean"] > 0
+    verdicts = Batch.load(str(run / "iter_000001" / "judge")).non_tensors["judge_verdict"]
+    assert len(verdicts) == 4 and all(v.startswith("Score:") for v in verdicts)  # verdict_prefix + generated text
+
+
 MATHS = r"""
 import json, torch
 from hybridflow.config import ModelConfig
