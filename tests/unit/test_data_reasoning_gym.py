@@ -105,6 +105,8 @@ def test_a_response_without_answer_tags_scores_zero_unparsed(parity_rows):
 
 
 def test_boxed_rows_ask_for_a_box_and_their_reward_reads_the_last_box(tmp_path):
+    from hybridflow.rewards.extract import parse_number
+
     out = tmp_path / "boxed.parquet"
     assert cli_main(["data", "reasoning-gym", "--dataset", "chain_sum,prime_factorization", "--n", "6", "--seed", "2",
                      "--answer-format", "boxed", "--out", str(out)]) == 0  # fmt: skip
@@ -114,8 +116,14 @@ def test_boxed_rows_ask_for_a_box_and_their_reward_reads_the_last_box(tmp_path):
     for r in rows:
         truth = r.ground_truth
         score = functools.partial(default_compute_score, r.data_source, ground_truth=truth, extra_info=r.extra_info)
-        assert score(solution_str=f"so \\boxed{{0}} no, \\boxed{{{truth}}}")["score"] == 1.0
-        assert score(solution_str=f"<answer>{truth}</answer>")["parsed"] is False  # tags are not what was asked
+        got = score(solution_str=f"so \\boxed{{0}} no, \\boxed{{{truth}}}")
+        assert (got["score"], got["boxed"]) == (1.0, True)
+        got = score(solution_str=f"<answer>{truth}</answer>")  # tags are not what was asked
+        if parse_number(truth) is not None:  # a number: the last number, as the arith reward reads it
+            assert (got["score"], got["parsed"], got["boxed"], got["pred"]) == (1.0, True, False, truth)
+            assert score(solution_str=f"{truth}, no: 12345.5")["score"] < 1.0  # the last number, not any
+        else:  # not a number (a product of primes): no box, no answer
+            assert (got["score"], got["parsed"], got["boxed"]) == (0.0, False, False)
     # rows of the default format (no answer_format in extra_info, as older files) still read tags
     tags = make_reasoning_gym(["chain_sum"], 1, seed=2)[0]
     assert tags["extra_info"]["answer_format"] == "tags" and tags["prompt"][-1]["content"].endswith(INSTRUCTION)
