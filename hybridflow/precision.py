@@ -4,8 +4,8 @@ Names:
 
 - ``fp32``: float32 parameters and compute (the default; today's ``model.dtype: float32``).
 - ``bf16-mixed``: float32 master weights and optimizer state, the model's forward under
-  ``torch.autocast(bfloat16)``; losses, log-softmax and the chunked LM head stay float32
-  (as TRL's ``bf16=True``, FSDP2's ``MixedPrecisionPolicy``).
+  ``torch.autocast(bfloat16)``; the chunked LM head's matmuls in bfloat16, losses and log-softmax
+  float32 (as TRL's ``bf16=True``, FSDP2's ``MixedPrecisionPolicy``).
 - ``bf16-true``: bfloat16 parameters (the old ``model.dtype: bfloat16``).
 - ``fp16-true``: float16 parameters (the old ``model.dtype: float16``; GPU only, never chosen by auto).
 - ``auto``: ``bf16-mixed`` on CUDA with bf16 support; on a CPU, ``bf16-mixed`` only where a short
@@ -99,6 +99,12 @@ class ResolvedPrecision(BaseModel):
         """"bfloat16" under bf16-mixed (the forward's compute dtype), else None (no autocast)."""
         return _AUTOCAST_DTYPE[self.name]
 
+    @property
+    def head_matmul_dtype(self) -> str:
+        """"bfloat16" under bf16-mixed and bf16-true, else "float32": the dtype of the chunked LM head's
+        matmuls (:func:`hybridflow.algorithms.logits.log_probs_from_hidden`); its log-softmax is float32."""
+        return "bfloat16" if self.name in ("bf16-mixed", "bf16-true") else "float32"
+
     def torch_param_dtype(self) -> torch.dtype:
         import torch
 
@@ -107,7 +113,8 @@ class ResolvedPrecision(BaseModel):
     @contextmanager
     def autocast(self, device_type: str) -> Iterator[None]:
         """``torch.autocast(device_type, bfloat16)`` under bf16-mixed, else nothing. Wrap the model's
-        forward only: losses, log-softmax and the chunked LM head run outside it, in float32."""
+        forward only: losses, log-softmax and the chunked LM head run outside it (the head's matmuls
+        in :attr:`head_matmul_dtype`, its log-softmax in float32)."""
         if self.autocast_dtype is None:
             with nullcontext():
                 yield

@@ -90,8 +90,9 @@ def sequence_log_probs(
     pack_rows: "off" / "auto" / "on", rows packed without padding (:mod:`workers.packed_rows`,
     see :func:`workers.shared_prefix.response_logits`); the same numbers up to float rounding.
     precision: the run's (:func:`hybridflow.precision.resolved_precision`); under bf16-mixed the
-    model's forward runs in ``autocast(bfloat16)`` while the chunked LM head and the log-softmax
-    stay outside it, in float32 (None: no autocast).
+    model's forward runs in ``autocast(bfloat16)`` while the chunked LM head stays outside it: its
+    matmuls in ``precision.head_matmul_dtype`` (bfloat16 under bf16-mixed / bf16-true), its
+    log-softmax in float32 (None: no autocast, a float32 head).
     """
     autocast = precision.autocast(_device_type(model)) if precision is not None else nullcontext()
     parts = resolve_lm_head(model, lm_head)
@@ -103,9 +104,10 @@ def sequence_log_probs(
         # the head runs on the response tokens only: padding (up to half the positions when response
         # lengths vary) and multi-turn observation tokens are not scored, and hold 0 here
         sel = batch["response_mask"].to(hidden.device).reshape(-1).nonzero().squeeze(1)
+        mm = getattr(torch, precision.head_matmul_dtype) if precision is not None else torch.float32
         lp_sel, ent_sel = log_probs_from_hidden(hidden.reshape(-1, hidden.shape[-1]).index_select(0, sel), head.weight,
                                                 labels.reshape(-1).index_select(0, sel), temperature=temperature,
-                                                bias=head.bias, with_entropy=with_entropy)
+                                                bias=head.bias, with_entropy=with_entropy, matmul_dtype=mm)
         lp = lp_sel.new_zeros(labels.numel()).index_copy(0, sel, lp_sel).view(labels.shape)
         ent = None
         if ent_sel is not None:

@@ -122,3 +122,35 @@ def test_bad_shapes_and_temperature_are_refused():
         log_probs_from_hidden(hidden, weight[:, :-1], labels)
     with pytest.raises(ValueError, match="bias"):
         log_probs_from_hidden(hidden, weight, labels, bias=torch.zeros(V + 1))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_matmuls_equal_a_bf16_head_under_autocast_with_a_float32_log_softmax(bias):
+    """matmul_dtype=bfloat16 (bf16-mixed / bf16-true): the plain head under autocast (bf16 logits) and a
+    float32 log-softmax, as TRL's bf16=True computes it; values equal it to float rounding, gradients to
+    the bf16 rounding of each chunk's d W (summed in float32) — and all outputs and gradients are float32."""
+    hidden, weight, b, labels = _inputs(seed=3, bias=bias)
+    tensors = [hidden, weight] + ([b] if bias else [])
+    lp, ent = log_probs_from_hidden(hidden, weight, labels, temperature=0.7, bias=b, with_entropy=True,
+                                    chunk_rows=8, matmul_dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = torch.nn.functional.linear(hidden, weight, b)
+    assert z.dtype == torch.bfloat16
+    log_p = torch.log_softmax(z.float() / 0.7, -1)
+    lp_ref, ent_ref = log_p.gather(-1, labels[:, None])[:, 0], -(log_p.exp() * log_p).sum(-1)
+    assert lp.dtype == ent.dtype == torch.float32
+    torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ent_ref, rtol=1e-5, atol=1e-5)
+    got, want = _grads(lp, ent, tensors), _grads(lp_ref, ent_ref, tensors)
+    for g_got, g_want, t in zip(got, want, tensors, strict=True):
+        assert g_got.dtype == t.dtype == torch.float32
+        torch.testing.assert_close(g_got, g_want.float(), rtol=2e-2, atol=2e-2)
+    # and far from a float32 head's numbers: the bf16 path is really taken
+    lp32, _ = log_probs_from_hidden(hidden, weight, labels, temperature=0.7, bias=b, chunk_rows=8)
+    assert (lp32 - lp).abs().max() > 1e-4
+
+
+def test_another_matmul_dtype_is_refused():
+    hidden, weight, _, labels = _inputs()
+    with pytest.raises(ValueError, match="matmul_dtype"):
+        log_probs_from_hidden(hidden, weight, labels, matmul_dtype=torch.float16)

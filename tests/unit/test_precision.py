@@ -19,14 +19,15 @@ def _probe(speedup: float) -> ProbeFigures:
                         bf16_matmul_gflops=300.0, fp32_layer_ms=10.0 * speedup, bf16_layer_ms=10.0, seconds=1.0)
 
 
-@pytest.mark.parametrize("name, param, autocast", [
-    ("fp32", "float32", None),
-    ("bf16-mixed", "float32", "bfloat16"),
-    ("bf16-true", "bfloat16", None),
+@pytest.mark.parametrize("name, param, autocast, head", [
+    ("fp32", "float32", None, "float32"),
+    ("bf16-mixed", "float32", "bfloat16", "bfloat16"),
+    ("bf16-true", "bfloat16", None, "bfloat16"),
 ])
-def test_each_explicit_name_maps_to_its_dtypes(name, param, autocast):
+def test_each_explicit_name_maps_to_its_dtypes(name, param, autocast, head):
     r = resolve_precision(name, device_type="cpu")
-    assert (r.name, r.requested, r.param_dtype, r.autocast_dtype) == (name, name, param, autocast)
+    assert (r.name, r.requested, r.param_dtype, r.autocast_dtype, r.head_matmul_dtype) == (
+        name, name, param, autocast, head)
 
 
 def test_fp16_is_refused_on_cpu_naming_the_key():
