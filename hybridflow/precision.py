@@ -114,13 +114,18 @@ class ResolvedPrecision(BaseModel):
     def autocast(self, device_type: str) -> Iterator[None]:
         """``torch.autocast(device_type, bfloat16)`` under bf16-mixed, else nothing. Wrap the model's
         forward only: losses, log-softmax and the chunked LM head run outside it (the head's matmuls
-        in :attr:`head_matmul_dtype`, its log-softmax in float32)."""
+        in :attr:`head_matmul_dtype`, its log-softmax in float32). On a CPU, attention over a
+        sequence runs in float32 inside it (:mod:`hybridflow.cpu_attention`)."""
         if self.autocast_dtype is None:
             with nullcontext():
                 yield
             return
         import torch
 
+        if device_type == "cpu":  # sdpa in float32 there (faster backward on a CPU; hybridflow.cpu_attention)
+            from hybridflow.cpu_attention import install
+
+            install()
         with torch.autocast(device_type=device_type, dtype=getattr(torch, self.autocast_dtype)):
             yield
 
