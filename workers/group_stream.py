@@ -36,6 +36,16 @@ Two schedules (``trainer.stream_order``):
   not on timing (reproducible for a given seed when no fault occurs), and a cohort's first chunks
   still overlap the trainer's updates.
 
+Multi-turn rollouts (``rollout.tools`` / ``rollout.environment``, ``multi_turn``): a group is
+generated as a unit by :meth:`workers.rollout.multi_turn.MultiTurnRollout.generate` — every turn
+with the environment, the sticky environments kept in their worker — on this thread. A model turn
+is never cut: with ``between_turns`` (``rollout.partial: abort``) newer weights in the inbox load
+between two turns (after the environments' step, before the next model turn), the conversation so
+far is the prefix the next turn is generated from under them (its KV cache prefilled again), and
+each turn's tokens record the version that sampled them; without it (``partial: off``) a group
+finishes under the weights it started with. The environments' state is never reset by a weights
+load. Completion order only (the submission schedule is in chunks of tokens, not turns).
+
 Groups are plain data (token lists); the pool's methods (:class:`workers.rollout_worker.RolloutWorker`)
 move them between the driver and this thread. The streamer holds no Ray or Prefect state.
 """
@@ -71,6 +81,8 @@ class _Group:
     seed: int
     rows: list[_Row]
     submitted_at: float
+    fields: dict[str, Any] = field(default_factory=dict)  # the prompt row's non-tensors (multi-turn: raw_chat, ...)
+    multi_turn: dict[str, Any] | None = None  # what a multi-turn rollout adds to the record (_call_multi_turn)
     started_at: float = 0.0
     finished_at: float = 0.0
     chunks: int = 0
@@ -82,9 +94,12 @@ class _Group:
 
     def record(self) -> dict[str, Any]:
         """The finished group as the driver takes it (plain lists)."""
-        return {"gid": self.gid, "tokens": [r.tokens for r in self.rows], "log_probs": [r.log_probs for r in self.rows],
-                "versions": [r.versions for r in self.rows], "finish": [r.finish for r in self.rows],
-                "started_at": self.started_at, "finished_at": self.finished_at, "chunks": self.chunks}
+        out = {"gid": self.gid, "tokens": [r.tokens for r in self.rows], "log_probs": [r.log_probs for r in self.rows],
+               "versions": [r.versions for r in self.rows], "finish": [r.finish for r in self.rows],
+               "started_at": self.started_at, "finished_at": self.finished_at, "chunks": self.chunks}
+        if self.multi_turn is not None:  # model_mask, prompts, non_tensors, metrics (per row / per group)
+            out["multi_turn"] = self.multi_turn
+        return out
 
 
 class StreamStopped(RuntimeError):
@@ -108,12 +123,16 @@ class GroupStreamer:
     pause: ``rollout.partial: pause`` — an elastic call that newer weights interrupt loads them in
     place and its unfinished rows go on generating on the engine's KV cache (capability
     ``partial_rollout_pause``; completion order only). Raises ValueError when the engine lacks it.
+    multi_turn: a :class:`~workers.rollout.multi_turn.MultiTurnRollout` on ``engine`` (None:
+    single-turn); between_turns: with it, newer weights load between turns (module docstring).
+    Raises ValueError for a multi-turn streamer in submission order or with ``pause``.
     """
 
     def __init__(self, engine: Any, sampling: Any, *, pad_id: int, chunk_tokens: int, batch_rows: int, order: str,
                  group_size_iter: int, max_staleness: int, load_newest: Callable[[], int],
                  load_version: Callable[[int], bool], version: Callable[[], int], lock: threading.Lock,
-                 newer_weights: Callable[[], bool] | None = None, pause: bool = False) -> None:
+                 newer_weights: Callable[[], bool] | None = None, pause: bool = False, multi_turn: Any = None,
+                 between_turns: bool = False) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"rollout.partial_chunk_tokens must be ≥ 1, got {chunk_tokens}")
         if order not in ("completion", "submission"):
@@ -125,9 +144,14 @@ class GroupStreamer:
         self._newer_weights = newer_weights
         from workers.rollout.capabilities import engine_capabilities
 
+        if multi_turn is not None and (order != "completion" or pause):
+            raise ValueError("a multi-turn streamer runs in completion order and never pauses inside a model turn "
+                             f"(order={order}, pause={pause})")
+        self.multi_turn, self.between_turns = multi_turn, between_turns
         # one engine call per response, interrupted at a chunk boundary when newer weights arrive
         caps = engine_capabilities(engine)
-        self.elastic = order == "completion" and newer_weights is not None and caps.partial_rollout_interrupt
+        self.elastic = (multi_turn is None and order == "completion" and newer_weights is not None
+                        and caps.partial_rollout_interrupt)
         if pause and not (self.elastic and caps.partial_rollout_pause):
             raise ValueError(f"rollout.partial=pause: {type(engine).__name__} does not pause in place here "
                              f"(offers {', '.join(caps.partial_modes)}; pause needs trainer.stream_order=completion)")
@@ -140,12 +164,13 @@ class GroupStreamer:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.stats = {"chunks": 0, "calls": 0, "interrupted_rows": 0, "paused_rows": 0, "weight_loads": 0, "tokens": 0,
-                      "prefill_tokens": 0, "idle_s": 0.0, "busy_s": 0.0}
+                      "turns": 0, "prefill_tokens": 0, "idle_s": 0.0, "busy_s": 0.0}
 
     # ---- the driver's side (called from the pool's method threads) ----------------------------
     def sync(self, wanted: list[dict[str, Any]]) -> dict[str, int]:
         """Make the set of groups this streamer holds the ``wanted`` ones: each ``{"gid", "prompt"
-        (token ids, unpadded), "seed"}``; groups not wanted any more (taken, dropped or from before a
+        (token ids, unpadded), "seed"}`` and, for a multi-turn streamer, ``"fields"`` (the prompt
+        row's non-tensors: raw_chat, uid, extra_info, ...); groups not wanted any more (taken, dropped or from before a
         restart) are forgotten; new ones start. Returns {"added", "dropped", "held"}."""
         self._raise_if_failed()
         keep = {int(w["gid"]) for w in wanted}
@@ -161,7 +186,8 @@ class GroupStreamer:
                     if not prompt:
                         raise ValueError(f"group {gid}: empty prompt")
                     self.groups[gid] = _Group(gid, prompt, int(w["seed"]),
-                                              [_Row() for _ in range(self.sampling.n)], time.time())
+                                              [_Row() for _ in range(self.sampling.n)], time.time(),
+                                              fields=dict(w.get("fields") or {}))
                     added += 1
             self._cv.notify_all()
             return {"added": added, "dropped": len(dropped), "held": len(self.groups)}
@@ -169,7 +195,8 @@ class GroupStreamer:
     def take_stats(self) -> dict[str, float]:
         """The counters since the last call (then reset): chunks (row-chunks), engine calls,
         interrupted_rows (unfinished rows when new weights loaded), paused_rows (those of them that
-        went on in place, ``pause``), weight_loads, tokens generated,
+        went on in place, ``pause``), weight_loads, tokens generated, turns (rounds of model turns of
+        multi-turn calls, which count as progress before their group's tokens are in),
         prefill_tokens (prompt + prefix tokens fed to the engine), idle_s / busy_s (seconds)."""
         with self._cv:
             out = dict(self.stats)
@@ -322,6 +349,9 @@ class GroupStreamer:
         now = time.time()
         for g in fresh:
             g.started_at = now
+        if self.multi_turn is not None:
+            self._call_multi_turn(fresh, seed)
+            return
         if fresh:
             self._call_fresh(fresh, version, seed)
         if going and not (self.elastic and fresh and self._should_interrupt()):
@@ -383,6 +413,63 @@ class GroupStreamer:
             out = self._engine_call([g.prompt + r.tokens for g, r in rows], self._sampling(1, room, call_seed + room))
             for i, (_, r) in enumerate(rows):
                 self._append(r, out, i, version)
+
+    def _call_multi_turn(self, groups: list[_Group], seed: int) -> None:
+        """Multi-turn groups, each generated whole (every turn with its environments) in one
+        :meth:`MultiTurnRollout.generate` call; the lock is held, so :meth:`_before_turn` may load
+        weights between turns."""
+        from hybridflow.batch import Batch
+
+        width = max(len(g.prompt) for g in groups)
+        ids = torch.full((len(groups), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(groups), width), dtype=torch.bool)
+        for i, g in enumerate(groups):  # left padded
+            ids[i, width - len(g.prompt):] = torch.tensor(g.prompt, dtype=torch.long)
+            mask[i, width - len(g.prompt):] = True
+        keys = sorted({k for g in groups for k in g.fields})
+        batch = Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask},
+                                {k: [g.fields.get(k) for g in groups] for k in keys})
+        n = self.sampling.n
+        self.stats["calls"] += 1
+        self.stats["prefill_tokens"] += int(mask.sum()) * n
+        self._turn_version, self._started_turns = self._version(), False
+        self.engine.wake_up()
+        try:
+            out = self.multi_turn.generate(batch, self._sampling(n, self.sampling.max_new_tokens, groups[0].seed),
+                                           before_turn=self._before_turn, per_prompt_metrics=True)
+        finally:
+            self.engine.sleep()
+        real = out.response_mask | out.observation_mask
+        for i, g in enumerate(groups):
+            span = range(i * n, (i + 1) * n)
+            for k, row in zip(span, g.rows, strict=True):
+                m = int(real[k].sum())
+                row.tokens = out.response_ids[k, :m].tolist()
+                row.log_probs = out.rollout_log_probs[k, :m].float().tolist()
+                row.versions = out.token_versions[k, :m].tolist()
+                row.finish = out.finish_reason[k]
+                self.stats["tokens"] += int(out.response_mask[k].sum())
+                self.stats["chunks"] += 1
+            g.multi_turn = {
+                "model_mask": [out.response_mask[k, :len(r.tokens)].tolist() for k, r in zip(span, g.rows, strict=True)],
+                "prompts": [out.prompt_ids[k][out.prompt_mask[k]].tolist() for k in span],
+                "non_tensors": {key: [vals[k] for k in span] for key, vals in out.non_tensors.items()},
+                "metrics": out.prompt_metrics[i],
+            }
+
+    def _before_turn(self, live: int) -> int:
+        """Before each model turn of a multi-turn call (the lock is held; ``live`` trajectories go
+        on): with ``between_turns`` load the newest weights in the inbox. Returns the version the
+        turn is generated with."""
+        if self.between_turns and not self._stop:
+            loaded = self._load_newest()
+            if loaded != self._turn_version:
+                self.stats["weight_loads"] += 1
+                self.stats["interrupted_rows"] += live if self._started_turns else 0
+                self._turn_version = loaded
+        self._started_turns = True
+        self.stats["turns"] += 1
+        return self._version()
 
     def _engine_call(self, prompts: list[list[int]], sampling: Any) -> Any:
         width = max(len(p) for p in prompts)

@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,7 @@ class Trajectory:
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per token: the weights version of the turn that made it
     turns: int = 0
     finish: str | None = None
     reward: float | None = None
@@ -76,10 +78,15 @@ class Trajectory:
     invalid_moves: int | None = None  # a game's invalid moves (info "invalid_moves"), None when never reported
     won: float | None = None  # a game's outcome (info "won": 1 win, 0 not), None when never reported
 
-    def append(self, ids: list[int], model: bool, logp: list[float] | None = None) -> None:
+    def append(self, ids: list[int], model: bool, logp: list[float] | None = None, version: int | None = None) -> None:
+        """Add ``ids`` (model tokens or not); ``version``: the weights version that sampled them (None:
+        the last turn's, for an observation; 0 before any)."""
         self.ids += ids
         self.mask += [model] * len(ids)
         self.logp += logp if logp is not None else [0.0] * len(ids)
+        if version is None:
+            version = self.versions[-1] if self.versions else 0
+        self.versions += [version] * len(ids)
 
 
 @dataclass
@@ -87,11 +94,15 @@ class MultiTurnOutput(RolloutOutput):
     """RolloutOutput plus what a multi-turn rollout adds: prompt_ids/prompt_mask (the conversation
     starts, which an environment's reset may change), observation_mask [B, R], per-row non-tensors
     (env_reward, num_turns, messages, and raw_prompt / extra_info with ``extra_info["messages"]``,
-    the conversation the reward functions see) and metrics."""
+    the conversation the reward functions see), metrics, and token_versions (the weights version of
+    each token's turn, as ``before_turn`` reported it; the streaming rollout's
+    ``rollout_token_versions``)."""
 
     prompt_ids: Tensor | None = None
     prompt_mask: Tensor | None = None
     observation_mask: Tensor | None = None
+    token_versions: Tensor | None = None  # [B, R] int64: each response token's turn's weights version (not in tensors())
+    prompt_metrics: list[dict[str, float]] | None = None  # per prompt, generate(per_prompt_metrics=True)
     non_tensors: dict[str, list[Any]] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -139,16 +150,32 @@ class MultiTurnRollout:
         return cls(engine, tokenizer, cfg.rollout, runner)
 
     # ---- the loop ------------------------------------------------------------------------------
-    def generate(self, batch: Any, sampling: SamplingParams, progress: Tick | None = None) -> MultiTurnOutput:
+    def generate(self, batch: Any, sampling: SamplingParams, progress: Tick | None = None,
+                 before_turn: Callable[[int], int] | None = None, per_prompt_metrics: bool = False) -> MultiTurnOutput:
         """Batch of B prompts (prompt_ids/prompt_mask + raw_chat, extra_info, ... non-tensors) →
         B*n trajectories, prompt-major. ``sampling.max_new_tokens`` is the whole response budget.
-        progress: called with (trajectories finished, B*n) after every round of turns."""
+        progress: called with (trajectories finished, B*n) after every round of turns.
+
+        before_turn: called with the number of live trajectories before every round's engine call,
+        between the environments' steps and the next model turn (the streaming rollout loads newer weights there,
+        :mod:`workers.group_stream`); returns the weights version the turn is generated with, which
+        its tokens record (``token_versions``; without it every token records 0). When the version
+        changes, the trajectories' kept KV caches (``multi_turn.kv_cache``) are dropped, so the
+        conversation so far is prefilled again under the new weights; the environments are not
+        touched. A model turn is never interrupted. per_prompt_metrics: the metrics are computed per
+        prompt (its n trajectories) into ``prompt_metrics``, without a collective (a thread that is
+        not the rank's main one; :func:`merge_prompt_metrics` joins them), and ``metrics`` is empty."""
         trajs = self._start(batch, sampling.n)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        round_ = 0
+        round_, version = 0, None
         while live := [t for t in trajs if t.finish is None]:
+            now = before_turn(len(live)) if before_turn is not None else 0
+            if version is not None and now != version:
+                for t in live:
+                    t.kv = None  # computed under the old weights
+            version = now
             self._generate_turn(live, dataclasses.replace(sampling, n=1, seed=seed + 7919 * round_),
-                                sampling.max_new_tokens)  # fmt: skip
+                                sampling.max_new_tokens, version)  # fmt: skip
             stepping = [t for t in live if t.finish is None]
             outcomes = self.runner.run([EnvCall.step(t.env, t.state, t.messages[-1]["content"], self.output_bytes,
                                                      key=t.key if t.sticky else None) for t in stepping])
@@ -158,6 +185,12 @@ class MultiTurnRollout:
             if progress is not None:
                 progress(sum(t.finish is not None for t in trajs), len(trajs))
         self._close_sticky(trajs)
+        if per_prompt_metrics:
+            out = self._output(trajs, counted=False, reduce=False)
+            out.metrics = {}
+            out.prompt_metrics = [multi_turn_metrics(trajs[i:i + sampling.n], self.tool_names, reduce=False)
+                                  for i in range(0, len(trajs), sampling.n)]
+            return out
         return self._output(trajs, counted=not (hasattr(batch, "meta") and is_padding(batch)))
 
     def _close_sticky(self, trajs: list[Trajectory]) -> None:
@@ -213,8 +246,9 @@ class MultiTurnRollout:
             messages = _with_system(messages, get_tool_format(self.mt.tool_format).system_prompt(schemas))
         return self.renderer.prompt_ids(messages)
 
-    def _generate_turn(self, live: list[Trajectory], sampling: SamplingParams, budget: int) -> None:
-        """One engine call for the next turn of every live trajectory; appends the model tokens."""
+    def _generate_turn(self, live: list[Trajectory], sampling: SamplingParams, budget: int, version: int = 0) -> None:
+        """One engine call for the next turn of every live trajectory; appends the model tokens
+        (sampled under weights ``version``)."""
         caps = [min(self.per_turn, budget - len(t.ids)) for t in live]
         sampling = dataclasses.replace(sampling, max_new_tokens=max(caps))
         if self.continue_kv:
@@ -225,7 +259,7 @@ class MultiTurnRollout:
             m = out.response_mask[r]
             new = out.response_ids[r][m].tolist()[:cap]
             stopped = out.finish_reason[r] == "stop" and int(m.sum()) <= cap
-            t.append(new, True, out.rollout_log_probs[r][m].tolist()[:cap])
+            t.append(new, True, out.rollout_log_probs[r][m].tolist()[:cap], version)
             t.turns += 1
             t.kv = None if kvs[r] is None else kvs[r].truncated(len(t.prompt) + len(t.ids))
             t.messages.append({"role": "assistant", "content": self.tokenizer.decode(new, skip_special_tokens=True)})
@@ -300,15 +334,16 @@ class MultiTurnRollout:
         return EnvCall.reset(t.env, kwargs, row, self.output_bytes, key=t.key)
 
     # ---- output --------------------------------------------------------------------------------
-    def _output(self, trajs: list[Trajectory], counted: bool = True) -> MultiTurnOutput:
+    def _output(self, trajs: list[Trajectory], counted: bool = True, reduce: bool = True) -> MultiTurnOutput:
         """``counted`` False for a data-parallel padding stand-in: its trajectories join the
-        metrics' all-reduce with nothing (workers/dispatch.py)."""
+        metrics' all-reduce with nothing (workers/dispatch.py); ``reduce`` False: no all-reduce."""
         width = max(1, max(len(t.ids) for t in trajs))
         rows = [torch.tensor([t.ids], dtype=torch.int64).reshape(1, -1) for t in trajs]
         ids = right_pad(rows, self.pad_id, width)
         mask = right_pad([torch.tensor([t.mask], dtype=torch.bool).reshape(1, -1) for t in trajs], False, width)
         real = right_pad([torch.ones((1, len(t.ids)), dtype=torch.bool) for t in trajs], False, width)
         logp = right_pad([torch.tensor([t.logp], dtype=torch.float32).reshape(1, -1) for t in trajs], 0.0, width)
+        vers = right_pad([torch.tensor([t.versions], dtype=torch.int64).reshape(1, -1) for t in trajs], 0, width)
         p_width = max(len(t.prompt) for t in trajs)
         p_ids = torch.full((len(trajs), p_width), self.pad_id, dtype=torch.int64)
         p_mask = torch.zeros((len(trajs), p_width), dtype=torch.bool)
@@ -324,7 +359,8 @@ class MultiTurnRollout:
         }
         return MultiTurnOutput(
             ids, mask, logp, [t.finish or "length" for t in trajs], prompt_ids=p_ids, prompt_mask=p_mask,
-            observation_mask=real & ~mask, non_tensors=non_tensors, metrics=multi_turn_metrics(trajs if counted else [], self.tool_names),
+            observation_mask=real & ~mask, token_versions=vers, non_tensors=non_tensors,
+            metrics=multi_turn_metrics(trajs if counted else [], self.tool_names, reduce=reduce),
         )  # fmt: skip
 
 
@@ -337,14 +373,15 @@ def _with_system(messages: list[dict[str, Any]], text: str | None) -> list[dict[
     return [{"role": "system", "content": text}, *messages]
 
 
-def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> dict[str, float]:
+def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = (), reduce: bool = True) -> dict[str, float]:
     """multi_turn/num_turns/{mean,max}, multi_turn/finish/<reason> (fractions), tool/calls/mean,
     tool/<name>/calls (for ``tool_names``), tool/errors, tool/timeouts, tool/parse_errors, tool/truncated (counts),
     env/errors, response_length/observation_tokens/mean, env/invalid_moves/mean and env/win_rate (over the
     trajectories whose environment reported ``invalid_moves`` / ``won`` in a step's info; absent when
     none did), sandbox/walls (1/0: whether the ``python``
     tool's sandbox has its walls here; only with that tool) — over the trajectories of every rank
-    (summed / maxed across a data-parallel group, like the policy's other generation metrics)."""
+    (summed / maxed across a data-parallel group, like the policy's other generation metrics), or
+    with ``reduce`` False over ``trajs`` alone (no collective)."""
     from workers import distributed as D
 
     reasons = ("stop", "length", "max_turns", "env_done", "env_error")
@@ -358,8 +395,12 @@ def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> d
              sum(t.invalid_moves or 0 for t in trajs), sum(t.invalid_moves is not None for t in trajs),
              sum(t.won or 0.0 for t in trajs), sum(t.won is not None for t in trajs),
              sum(t.truncated for t in trajs)]  # fmt: skip
-    sums = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
-    top = float(D.all_reduce_max(torch.tensor([max((t.turns for t in trajs), default=0)], dtype=torch.float64))[0])
+    top_local = torch.tensor([max((t.turns for t in trajs), default=0)], dtype=torch.float64)
+    if reduce:
+        sums = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
+        top = float(D.all_reduce_max(top_local)[0])
+    else:
+        sums, top = [float(x) for x in local], float(top_local[0])
     n = max(sums[0], 1.0)
     out = {
         "multi_turn/num_turns/mean": sums[1] / n,
@@ -387,4 +428,24 @@ def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> d
         out["sandbox/walls"] = float(walls_check().available)
     return out
 
-__all__ = ["MultiTurnRollout", "MultiTurnOutput", "Trajectory", "multi_turn_metrics", "TRUNCATION_MARKER"]
+def merge_prompt_metrics(per_prompt: list[dict[str, float]]) -> dict[str, float]:
+    """Join :func:`multi_turn_metrics` computed per prompt group (each over the same number of
+    trajectories, ``samples_per_prompt``): means and fractions are averaged over the groups (exact,
+    the groups being equal in size), ``.../max`` and ``sandbox/walls`` maxed, counts summed;
+    ``env/win_rate`` and ``env/invalid_moves/mean`` are averaged over the groups that report them
+    (exact when every trajectory of a reporting group reports). Empty input: {}."""
+    keys = sorted({k for m in per_prompt for k in m})
+    out: dict[str, float] = {}
+    for key in keys:
+        vals = [m[key] for m in per_prompt if key in m]
+        if key.endswith("/max") or key == "sandbox/walls":
+            out[key] = max(vals)
+        elif key.endswith("/mean") or key.startswith("multi_turn/finish/") or key == "env/win_rate":
+            out[key] = sum(vals) / len(vals)
+        else:  # tool/errors, tool/timeouts, tool/parse_errors, tool/truncated, env/errors, tool/<name>/calls
+            out[key] = sum(vals)
+    return out
+
+
+__all__ = ["MultiTurnRollout", "MultiTurnOutput", "Trajectory", "multi_turn_metrics", "merge_prompt_metrics",
+           "TRUNCATION_MARKER"]
