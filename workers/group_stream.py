@@ -62,6 +62,8 @@ from typing import Any
 
 import torch
 
+from workers.group_stream_turns import MultiTurnGroups
+
 _log = logging.getLogger(__name__)
 CHUNK_SEED_STRIDE = 7_919  # chunk c of a call seeded s samples with s + c·stride (completion order)
 
@@ -82,7 +84,7 @@ class _Group:
     rows: list[_Row]
     submitted_at: float
     fields: dict[str, Any] = field(default_factory=dict)  # the prompt row's non-tensors (multi-turn: raw_chat, ...)
-    multi_turn: dict[str, Any] | None = None  # what a multi-turn rollout adds to the record (_call_multi_turn)
+    multi_turn: dict[str, Any] | None = None  # what a multi-turn rollout adds to the record (MultiTurnGroups)
     started_at: float = 0.0
     finished_at: float = 0.0
     chunks: int = 0
@@ -100,6 +102,17 @@ class _Group:
         if self.multi_turn is not None:  # model_mask, prompts, non_tensors, metrics (per row / per group)
             out["multi_turn"] = self.multi_turn
         return out
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists → (ids [B, W] int64 left padded with ``pad_id``, mask [B, W] bool), W the longest."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = True
+    return ids, mask
 
 
 class StreamStopped(RuntimeError):
@@ -147,7 +160,9 @@ class GroupStreamer:
         if multi_turn is not None and (order != "completion" or pause):
             raise ValueError("a multi-turn streamer runs in completion order and never pauses inside a model turn "
                              f"(order={order}, pause={pause})")
-        self.multi_turn, self.between_turns = multi_turn, between_turns
+        self.turns = None if multi_turn is None else MultiTurnGroups(
+            multi_turn, between_turns=between_turns, load_newest=load_newest, version=version,
+            stopping=lambda: self._stop, count=self._count)
         # one engine call per response, interrupted at a chunk boundary when newer weights arrive
         caps = engine_capabilities(engine)
         self.elastic = (multi_turn is None and order == "completion" and newer_weights is not None
@@ -349,8 +364,18 @@ class GroupStreamer:
         now = time.time()
         for g in fresh:
             g.started_at = now
-        if self.multi_turn is not None:
-            self._call_multi_turn(fresh, seed)
+        if self.turns is not None:  # each group whole, every turn with its environments (the lock is held)
+            if not fresh:
+                return
+            ids, mask = left_pad([g.prompt for g in fresh], self.pad_id)
+            self._count("calls", 1)
+            self._count("prefill_tokens", int(mask.sum()) * self.sampling.n)
+            self.engine.wake_up()
+            try:
+                self.turns.generate(fresh, ids, mask, self._sampling(self.sampling.n, self.sampling.max_new_tokens,
+                                                                     fresh[0].seed))
+            finally:
+                self.engine.sleep()
             return
         if fresh:
             self._call_fresh(fresh, version, seed)
@@ -414,70 +439,11 @@ class GroupStreamer:
             for i, (_, r) in enumerate(rows):
                 self._append(r, out, i, version)
 
-    def _call_multi_turn(self, groups: list[_Group], seed: int) -> None:
-        """Multi-turn groups, each generated whole (every turn with its environments) in one
-        :meth:`MultiTurnRollout.generate` call; the lock is held, so :meth:`_before_turn` may load
-        weights between turns."""
-        from hybridflow.batch import Batch
-
-        width = max(len(g.prompt) for g in groups)
-        ids = torch.full((len(groups), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(groups), width), dtype=torch.bool)
-        for i, g in enumerate(groups):  # left padded
-            ids[i, width - len(g.prompt):] = torch.tensor(g.prompt, dtype=torch.long)
-            mask[i, width - len(g.prompt):] = True
-        keys = sorted({k for g in groups for k in g.fields})
-        batch = Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask},
-                                {k: [g.fields.get(k) for g in groups] for k in keys})
-        n = self.sampling.n
-        self.stats["calls"] += 1
-        self.stats["prefill_tokens"] += int(mask.sum()) * n
-        self._turn_version, self._started_turns = self._version(), False
-        self.engine.wake_up()
-        try:
-            out = self.multi_turn.generate(batch, self._sampling(n, self.sampling.max_new_tokens, groups[0].seed),
-                                           before_turn=self._before_turn, per_prompt_metrics=True)
-        finally:
-            self.engine.sleep()
-        real = out.response_mask | out.observation_mask
-        for i, g in enumerate(groups):
-            span = range(i * n, (i + 1) * n)
-            for k, row in zip(span, g.rows, strict=True):
-                m = int(real[k].sum())
-                row.tokens = out.response_ids[k, :m].tolist()
-                row.log_probs = out.rollout_log_probs[k, :m].float().tolist()
-                row.versions = out.token_versions[k, :m].tolist()
-                row.finish = out.finish_reason[k]
-                self.stats["tokens"] += int(out.response_mask[k].sum())
-                self.stats["chunks"] += 1
-            g.multi_turn = {
-                "model_mask": [out.response_mask[k, :len(r.tokens)].tolist() for k, r in zip(span, g.rows, strict=True)],
-                "prompts": [out.prompt_ids[k][out.prompt_mask[k]].tolist() for k in span],
-                "non_tensors": {key: [vals[k] for k in span] for key, vals in out.non_tensors.items()},
-                "metrics": out.prompt_metrics[i],
-            }
-
-    def _before_turn(self, live: int) -> int:
-        """Before each model turn of a multi-turn call (the lock is held; ``live`` trajectories go
-        on): with ``between_turns`` load the newest weights in the inbox. Returns the version the
-        turn is generated with."""
-        if self.between_turns and not self._stop:
-            loaded = self._load_newest()
-            if loaded != self._turn_version:
-                self.stats["weight_loads"] += 1
-                self.stats["interrupted_rows"] += live if self._started_turns else 0
-                self._turn_version = loaded
-        self._started_turns = True
-        self.stats["turns"] += 1
-        return self._version()
+    def _count(self, key: str, by: float) -> None:
+        self.stats[key] += by
 
     def _engine_call(self, prompts: list[list[int]], sampling: Any) -> Any:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-        for i, p in enumerate(prompts):  # left padded
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = True
+        ids, mask = left_pad(prompts, self.pad_id)
         self.stats["calls"] += 1
         self.stats["prefill_tokens"] += int(mask.sum())
         self.engine.wake_up()
