@@ -57,7 +57,7 @@ class PublishingEngine(ScriptedEngine):
 
 @pytest.fixture(scope="module")
 def runner():
-    r = EnvRunner(num_workers=1, timeout_s=10.0)
+    r = EnvRunner(num_workers=1, timeout_s=60.0)  # generous: a loaded machine must not turn a step into env_error
     yield r
     r.close()
 
@@ -203,3 +203,46 @@ def test_merge_prompt_metrics_by_hand():
                    "tool/errors": 3.0,  # 1 + 2
                    "env/win_rate": 1.0}  # only a reports it
     assert merge_prompt_metrics([]) == {}
+
+
+class _Cache:
+    """A stand-in KV cache: which call made it."""
+
+    def __init__(self, call: int) -> None:
+        self.call = call
+
+    def truncated(self, n: int) -> _Cache:
+        return self
+
+
+class KeepingEngine(ScriptedEngine):
+    """A ScriptedEngine that declares ``continuing_kv`` and records the caches each turn got."""
+
+    from workers.rollout.capabilities import EngineCapabilities
+
+    capabilities = EngineCapabilities(continuing_kv=True)
+
+    def __init__(self, script) -> None:
+        super().__init__(script)
+        self.caches_in: list[list] = []
+
+    def generate_continuing(self, seqs, caches, sampling):
+        self.caches_in.append([None if c is None else c.call for c in caches])
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), TOK.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s), True
+        out = self.generate(ids, mask, sampling)
+        return out, [_Cache(len(self.caches_in)) for _ in seqs]
+
+
+@pytest.mark.parametrize("versions, caches", [([0, 0, 0], [[None], [1], [2]]),  # kept from turn to turn
+                                              ([0, 1, 1], [[None], [None], [2]])])  # dropped at the load
+def test_a_weights_load_between_turns_drops_the_kv_cache_kept_under_the_old_weights(runner, versions, caches):
+    engine = KeepingEngine({"Q1": ["one", "two", "three"]})
+    turn = iter(versions)
+    out = _loop(engine, runner).generate(batch_of(["Q1"]), SamplingParams(max_new_tokens=200),
+                                         before_turn=lambda live: next(turn))
+    assert engine.caches_in == caches  # the turn after a load prefills the conversation again
+    assert out.non_tensors["num_turns"] == [3]
