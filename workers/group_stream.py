@@ -36,15 +36,10 @@ Two schedules (``trainer.stream_order``):
   not on timing (reproducible for a given seed when no fault occurs), and a cohort's first chunks
   still overlap the trainer's updates.
 
-Multi-turn rollouts (``rollout.tools`` / ``rollout.environment``, ``multi_turn``): a group is
-generated as a unit by :meth:`workers.rollout.multi_turn.MultiTurnRollout.generate` — every turn
-with the environment, the sticky environments kept in their worker — on this thread. A model turn
-is never cut: with ``between_turns`` (``rollout.partial: abort``) newer weights in the inbox load
-between two turns (after the environments' step, before the next model turn), the conversation so
-far is the prefix the next turn is generated from under them (its KV cache prefilled again), and
-each turn's tokens record the version that sampled them; without it (``partial: off``) a group
-finishes under the weights it started with. The environments' state is never reset by a weights
-load. Completion order only (the submission schedule is in chunks of tokens, not turns).
+Multi-turn rollouts (``rollout.tools`` / ``rollout.environment``): each group is generated whole,
+every turn with its environments, by :class:`workers.group_stream_turns.MultiTurnGroups` on this
+thread; newer weights load between turns (``between_turns``), never inside a model turn, and never
+reset an environment. Completion order only.
 
 Groups are plain data (token lists); the pool's methods (:class:`workers.rollout_worker.RolloutWorker`)
 move them between the driver and this thread. The streamer holds no Ray or Prefect state.
@@ -185,8 +180,9 @@ class GroupStreamer:
     def sync(self, wanted: list[dict[str, Any]]) -> dict[str, int]:
         """Make the set of groups this streamer holds the ``wanted`` ones: each ``{"gid", "prompt"
         (token ids, unpadded), "seed"}`` and, for a multi-turn streamer, ``"fields"`` (the prompt
-        row's non-tensors: raw_chat, uid, extra_info, ...); groups not wanted any more (taken, dropped or from before a
-        restart) are forgotten; new ones start. Returns {"added", "dropped", "held"}."""
+        row's non-tensors: raw_chat, uid, extra_info, ...); groups not wanted any more (taken,
+        dropped or from before a restart) are forgotten; new ones start. Returns {"added",
+        "dropped", "held"}."""
         self._raise_if_failed()
         keep = {int(w["gid"]) for w in wanted}
         with self._cv:
@@ -212,7 +208,8 @@ class GroupStreamer:
         interrupted_rows (unfinished rows when new weights loaded), paused_rows (those of them that
         went on in place, ``pause``), weight_loads, tokens generated, turns (rounds of model turns of
         multi-turn calls, which count as progress before their group's tokens are in),
-        prefill_tokens (prompt + prefix tokens fed to the engine), idle_s / busy_s (seconds)."""
+        prefill_tokens (prompt + prefix tokens fed to the engine; a multi-turn call counts its
+        prompts × n only), idle_s / busy_s (seconds)."""
         with self._cv:
             out = dict(self.stats)
             self.stats = dict.fromkeys(self.stats, 0)
