@@ -30,6 +30,7 @@ from tasks.pools import pool_of
 from tasks.rollout import driver_rollout_task
 from tasks.types import RolloutResult
 from tasks.weight_sync import weight_sync
+from workers.rollout.multi_turn import merge_prompt_metrics
 
 POLL_S = 0.2
 
@@ -53,9 +54,15 @@ def _prompt_rows(entries: list[dict[str, Any]]) -> tuple[dict[int, Batch], dict[
     return rows, batches
 
 
-def _sync_record(gid: int, prompt: Batch, seed: int) -> dict[str, Any]:
+def _sync_record(gid: int, prompt: Batch, seed: int, multi_turn: bool = False) -> dict[str, Any]:
+    """What the rollout pool needs to start group ``gid``: its prompt ids and seed; a multi-turn
+    group also the prompt row's non-tensors (``fields``: raw_chat, extra_info, ..., what the
+    environments' reset reads)."""
     ids, mask = prompt["prompt_ids"][0], prompt["prompt_mask"][0].bool()
-    return {"gid": gid, "prompt": ids[mask].tolist(), "seed": int(seed)}
+    out = {"gid": gid, "prompt": ids[mask].tolist(), "seed": int(seed)}
+    if multi_turn:
+        out["fields"] = {k: v[0] for k, v in prompt.non_tensors.items()}
+    return out
 
 
 def assemble(groups: list[dict[str, Any]], prompts: dict[int, Batch], n: int, pad_id: int) -> Batch:
@@ -63,32 +70,59 @@ def assemble(groups: list[dict[str, Any]], prompts: dict[int, Batch], n: int, pa
     trained): each group's prompt row repeated ``n`` times with response_ids / response_mask /
     rollout_log_probs / rollout_token_versions ``[B, R]`` (R = the longest response), position_ids,
     finish_reason, response_length, rollout_version (per row: its oldest token's version) and
-    ``stream_gid`` (the group's id)."""
+    ``stream_gid`` (the group's id). Multi-turn groups (records with ``multi_turn``) also replace
+    prompt_ids / prompt_mask by the conversation starts (an environment's reset may change them),
+    set response_mask True on the model's tokens only, observation_mask on the others, and the
+    rollout's per-row non-tensors (env_reward, num_turns, messages, raw_prompt, extra_info);
+    rollout_version is then the oldest *model* token's version."""
     rows = Batch.concat([prompts[int(g["gid"])] for g in groups]).repeat_interleave(n)
     flat = [(g, k) for g in groups for k in range(n)]
     width = max(1, max(len(g["tokens"][k]) for g, k in flat))
     b = len(flat)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.bool)
+    real = torch.zeros((b, width), dtype=torch.bool)
     lps = torch.zeros((b, width), dtype=torch.float32)
     vers = torch.zeros((b, width), dtype=torch.long)
     for i, (g, k) in enumerate(flat):
         m = len(g["tokens"][k])
         ids[i, :m] = torch.tensor(g["tokens"][k], dtype=torch.long)
-        mask[i, :m] = True
+        real[i, :m] = True
         lps[i, :m] = torch.tensor(g["log_probs"][k], dtype=torch.float32)
         vers[i, :m] = torch.tensor(g["versions"][k], dtype=torch.long)
+    mask = _multi_turn_fields(rows, groups, flat, real, pad_id) if any("multi_turn" in g for g in groups) else real
     oldest = torch.where(mask, vers, torch.iinfo(torch.long).max).min(-1).values
-    oldest = torch.where(mask.any(-1), oldest, vers.max())  # a row with no token: the newest version
+    oldest = torch.where(mask.any(-1), oldest, vers.max())  # a row with no (model) token: the newest version
     for key, value in [("response_ids", ids), ("response_mask", mask), ("rollout_log_probs", lps),
                        ("rollout_token_versions", vers)]:
         rows.set(key, value)
-    rows.set("position_ids", position_ids_from_mask(torch.cat([rows["prompt_mask"].bool(), mask], dim=1)))
+    rows.set("position_ids", position_ids_from_mask(torch.cat([rows["prompt_mask"].bool(), real], dim=1)))
     rows.set("finish_reason", [g["finish"][k] for g, k in flat])
     rows.set("response_length", mask.sum(-1).tolist())
     rows.set("rollout_version", oldest)
     rows.set("stream_gid", [int(g["gid"]) for g, _ in flat])
     return rows
+
+
+def _multi_turn_fields(rows: Batch, groups: list[dict[str, Any]], flat: list[tuple[dict[str, Any], int]],
+                      real: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Set the multi-turn fields of :func:`assemble` on ``rows`` (``real``: [B, R] every response
+    token); returns the response_mask (model tokens)."""
+    model = torch.zeros_like(real)
+    prompts = [g["multi_turn"]["prompts"][k] for g, k in flat]
+    width = max(len(p) for p in prompts)
+    p_ids = torch.full((len(flat), width), pad_id, dtype=torch.long)
+    p_mask = torch.zeros((len(flat), width), dtype=torch.bool)
+    for i, ((g, k), p) in enumerate(zip(flat, prompts, strict=True)):
+        m = g["multi_turn"]["model_mask"][k]
+        model[i, :len(m)] = torch.tensor(m, dtype=torch.bool)
+        p_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        p_mask[i, width - len(p):] = True
+    rows.set("prompt_ids", p_ids)
+    rows.set("prompt_mask", p_mask)
+    rows.set("observation_mask", real & ~model)
+    for key in groups[0]["multi_turn"]["non_tensors"]:
+        rows.set(key, [g["multi_turn"]["non_tensors"][key][k] for g, k in flat])
+    return model
 
 
 def _metrics(rows: Batch, groups: list[dict[str, Any]], version: int, waited_s: float, stats: list[dict[str, float]],
@@ -171,7 +205,7 @@ def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_
     t0 = time.perf_counter()
 
     def sync() -> None:
-        engine.stream_sync([_sync_record(g, prompts[g], int(e["seed"])) for g, e in sorted(live.items())])
+        engine.stream_sync([_sync_record(g, prompts[g], int(e["seed"]), cfg.rollout.is_multi_turn) for g, e in sorted(live.items())])
 
     # a rank that restarted gets the trainer's current weights again (the streamer loads them itself)
     weight_sync(run, rollout=engine).deliver(policy_version if published_version is None else published_version)
@@ -196,7 +230,7 @@ def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_
     progress, last_progress = None, time.monotonic()
     while len(taken) < count:
         finished = {int(f["gid"]): f for per_rank in engine.stream_finished() for f in per_rank}
-        now_progress = (len(finished), sum(r["tokens"] for r in engine.stream_stats(reset=False)))
+        now_progress = (len(finished), sum(r["tokens"] + r.get("turns", 0) for r in engine.stream_stats(reset=False)))
         if now_progress != progress:
             progress, last_progress = now_progress, time.monotonic()
         elif time.monotonic() - last_progress > t.stream_timeout_s:
@@ -254,6 +288,8 @@ def _take_groups(run: RunContext, wanted: list, spare: list, count: int, policy_
     rows = assemble(groups, prompts, n, int(stats[0]["pad_id"]))
     rows.meta["metrics"] = _metrics(rows, groups, policy_version, waited, stats, regenerated, len(dropped),
                                     cfg.rollout.max_response_tokens, n)
+    if cfg.rollout.is_multi_turn:  # multi_turn/*, tool/*, env/* over the groups taken
+        rows.meta["metrics"].update(merge_prompt_metrics([g["multi_turn"]["metrics"] for g in groups]))
     if filtering:
         rows.meta["metrics"].update({"stream/filtered_groups": float(len(filtered)),
                                      "stream/zero_variance_taken": float(zero_variance_taken)})

@@ -36,6 +36,11 @@ Two schedules (``trainer.stream_order``):
   not on timing (reproducible for a given seed when no fault occurs), and a cohort's first chunks
   still overlap the trainer's updates.
 
+Multi-turn rollouts (``rollout.tools`` / ``rollout.environment``): each group is generated whole,
+every turn with its environments, by :class:`workers.group_stream_turns.MultiTurnGroups` on this
+thread; newer weights load between turns (``between_turns``), never inside a model turn, and never
+reset an environment. Completion order only.
+
 Groups are plain data (token lists); the pool's methods (:class:`workers.rollout_worker.RolloutWorker`)
 move them between the driver and this thread. The streamer holds no Ray or Prefect state.
 """
@@ -51,6 +56,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from workers.group_stream_turns import MultiTurnGroups
 
 _log = logging.getLogger(__name__)
 CHUNK_SEED_STRIDE = 7_919  # chunk c of a call seeded s samples with s + c·stride (completion order)
@@ -71,6 +78,8 @@ class _Group:
     seed: int
     rows: list[_Row]
     submitted_at: float
+    fields: dict[str, Any] = field(default_factory=dict)  # the prompt row's non-tensors (multi-turn: raw_chat, ...)
+    multi_turn: dict[str, Any] | None = None  # what a multi-turn rollout adds to the record (MultiTurnGroups)
     started_at: float = 0.0
     finished_at: float = 0.0
     chunks: int = 0
@@ -82,9 +91,23 @@ class _Group:
 
     def record(self) -> dict[str, Any]:
         """The finished group as the driver takes it (plain lists)."""
-        return {"gid": self.gid, "tokens": [r.tokens for r in self.rows], "log_probs": [r.log_probs for r in self.rows],
-                "versions": [r.versions for r in self.rows], "finish": [r.finish for r in self.rows],
-                "started_at": self.started_at, "finished_at": self.finished_at, "chunks": self.chunks}
+        out = {"gid": self.gid, "tokens": [r.tokens for r in self.rows], "log_probs": [r.log_probs for r in self.rows],
+               "versions": [r.versions for r in self.rows], "finish": [r.finish for r in self.rows],
+               "started_at": self.started_at, "finished_at": self.finished_at, "chunks": self.chunks}
+        if self.multi_turn is not None:  # model_mask, prompts, non_tensors, metrics (per row / per group)
+            out["multi_turn"] = self.multi_turn
+        return out
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists → (ids [B, W] int64 left padded with ``pad_id``, mask [B, W] bool), W the longest."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = True
+    return ids, mask
 
 
 class StreamStopped(RuntimeError):
@@ -108,12 +131,16 @@ class GroupStreamer:
     pause: ``rollout.partial: pause`` — an elastic call that newer weights interrupt loads them in
     place and its unfinished rows go on generating on the engine's KV cache (capability
     ``partial_rollout_pause``; completion order only). Raises ValueError when the engine lacks it.
+    multi_turn: a :class:`~workers.rollout.multi_turn.MultiTurnRollout` on ``engine`` (None:
+    single-turn); between_turns: with it, newer weights load between turns (module docstring).
+    Raises ValueError for a multi-turn streamer in submission order or with ``pause``.
     """
 
     def __init__(self, engine: Any, sampling: Any, *, pad_id: int, chunk_tokens: int, batch_rows: int, order: str,
                  group_size_iter: int, max_staleness: int, load_newest: Callable[[], int],
                  load_version: Callable[[int], bool], version: Callable[[], int], lock: threading.Lock,
-                 newer_weights: Callable[[], bool] | None = None, pause: bool = False) -> None:
+                 newer_weights: Callable[[], bool] | None = None, pause: bool = False, multi_turn: Any = None,
+                 between_turns: bool = False) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"rollout.partial_chunk_tokens must be ≥ 1, got {chunk_tokens}")
         if order not in ("completion", "submission"):
@@ -125,9 +152,16 @@ class GroupStreamer:
         self._newer_weights = newer_weights
         from workers.rollout.capabilities import engine_capabilities
 
+        if multi_turn is not None and (order != "completion" or pause):
+            raise ValueError("a multi-turn streamer runs in completion order and never pauses inside a model turn "
+                             f"(order={order}, pause={pause})")
+        self.turns = None if multi_turn is None else MultiTurnGroups(
+            multi_turn, between_turns=between_turns, load_newest=load_newest, version=version,
+            stopping=lambda: self._stop, count=self._count)
         # one engine call per response, interrupted at a chunk boundary when newer weights arrive
         caps = engine_capabilities(engine)
-        self.elastic = order == "completion" and newer_weights is not None and caps.partial_rollout_interrupt
+        self.elastic = (multi_turn is None and order == "completion" and newer_weights is not None
+                        and caps.partial_rollout_interrupt)
         if pause and not (self.elastic and caps.partial_rollout_pause):
             raise ValueError(f"rollout.partial=pause: {type(engine).__name__} does not pause in place here "
                              f"(offers {', '.join(caps.partial_modes)}; pause needs trainer.stream_order=completion)")
@@ -140,13 +174,15 @@ class GroupStreamer:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.stats = {"chunks": 0, "calls": 0, "interrupted_rows": 0, "paused_rows": 0, "weight_loads": 0, "tokens": 0,
-                      "prefill_tokens": 0, "idle_s": 0.0, "busy_s": 0.0}
+                      "turns": 0, "prefill_tokens": 0, "idle_s": 0.0, "busy_s": 0.0}
 
     # ---- the driver's side (called from the pool's method threads) ----------------------------
     def sync(self, wanted: list[dict[str, Any]]) -> dict[str, int]:
         """Make the set of groups this streamer holds the ``wanted`` ones: each ``{"gid", "prompt"
-        (token ids, unpadded), "seed"}``; groups not wanted any more (taken, dropped or from before a
-        restart) are forgotten; new ones start. Returns {"added", "dropped", "held"}."""
+        (token ids, unpadded), "seed"}`` and, for a multi-turn streamer, ``"fields"`` (the prompt
+        row's non-tensors: raw_chat, uid, extra_info, ...); groups not wanted any more (taken,
+        dropped or from before a restart) are forgotten; new ones start. Returns {"added",
+        "dropped", "held"}."""
         self._raise_if_failed()
         keep = {int(w["gid"]) for w in wanted}
         with self._cv:
@@ -161,7 +197,8 @@ class GroupStreamer:
                     if not prompt:
                         raise ValueError(f"group {gid}: empty prompt")
                     self.groups[gid] = _Group(gid, prompt, int(w["seed"]),
-                                              [_Row() for _ in range(self.sampling.n)], time.time())
+                                              [_Row() for _ in range(self.sampling.n)], time.time(),
+                                              fields=dict(w.get("fields") or {}))
                     added += 1
             self._cv.notify_all()
             return {"added": added, "dropped": len(dropped), "held": len(self.groups)}
@@ -169,8 +206,10 @@ class GroupStreamer:
     def take_stats(self) -> dict[str, float]:
         """The counters since the last call (then reset): chunks (row-chunks), engine calls,
         interrupted_rows (unfinished rows when new weights loaded), paused_rows (those of them that
-        went on in place, ``pause``), weight_loads, tokens generated,
-        prefill_tokens (prompt + prefix tokens fed to the engine), idle_s / busy_s (seconds)."""
+        went on in place, ``pause``), weight_loads, tokens generated, turns (rounds of model turns of
+        multi-turn calls, which count as progress before their group's tokens are in),
+        prefill_tokens (prompt + prefix tokens fed to the engine; a multi-turn call counts its
+        prompts × n only), idle_s / busy_s (seconds)."""
         with self._cv:
             out = dict(self.stats)
             self.stats = dict.fromkeys(self.stats, 0)
@@ -322,6 +361,19 @@ class GroupStreamer:
         now = time.time()
         for g in fresh:
             g.started_at = now
+        if self.turns is not None:  # each group whole, every turn with its environments (the lock is held)
+            if not fresh:
+                return
+            ids, mask = left_pad([g.prompt for g in fresh], self.pad_id)
+            self._count("calls", 1)
+            self._count("prefill_tokens", int(mask.sum()) * self.sampling.n)
+            self.engine.wake_up()
+            try:
+                self.turns.generate(fresh, ids, mask, self._sampling(self.sampling.n, self.sampling.max_new_tokens,
+                                                                     fresh[0].seed))
+            finally:
+                self.engine.sleep()
+            return
         if fresh:
             self._call_fresh(fresh, version, seed)
         if going and not (self.elastic and fresh and self._should_interrupt()):
@@ -384,13 +436,11 @@ class GroupStreamer:
             for i, (_, r) in enumerate(rows):
                 self._append(r, out, i, version)
 
+    def _count(self, key: str, by: float) -> None:
+        self.stats[key] += by
+
     def _engine_call(self, prompts: list[list[int]], sampling: Any) -> Any:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-        for i, p in enumerate(prompts):  # left padded
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = True
+        ids, mask = left_pad(prompts, self.pad_id)
         self.stats["calls"] += 1
         self.stats["prefill_tokens"] += int(mask.sum())
         self.engine.wake_up()

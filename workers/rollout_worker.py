@@ -143,7 +143,9 @@ class RolloutWorker(Generation, WeightsEndpoint):
     def _streamer(self) -> Any:
         """This rank's :class:`~workers.group_stream.GroupStreamer`, built and started on first use.
         An engine call holds at most one iteration's trajectories (and ``generation_batch_trajectories``):
-        the oldest groups, which the next take needs, finish first instead of with every group in flight."""
+        the oldest groups, which the next take needs, finish first instead of with every group in flight.
+        A multi-turn rollout generates each group whole, every turn with its environments; with
+        ``rollout.partial: abort`` newer weights load between turns (workers/group_stream.py)."""
         from workers.group_stream import GroupStreamer
         from workers.rollout.base import sampling_params_from_config
 
@@ -157,7 +159,8 @@ class RolloutWorker(Generation, WeightsEndpoint):
                 order=cfg.trainer.stream_order,
                 group_size_iter=cfg.data.prompts_per_iteration, max_staleness=cfg.trainer.max_staleness,
                 load_newest=self._load_newest, load_version=self._load_exact, version=lambda: self.weights_version,
-                lock=self._lock, newer_weights=self._newer_weights, pause=cfg.rollout.partial == "pause")
+                lock=self._lock, newer_weights=self._newer_weights, pause=cfg.rollout.partial == "pause",
+                multi_turn=self._multi_turn, between_turns=cfg.rollout.partial == "abort")
         self._stream.start()
         return self._stream
 

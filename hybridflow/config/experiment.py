@@ -304,9 +304,14 @@ class ExperimentConfig(_Section):
             raise ValueError(f"rollout.partial=pause with model.lora_rank={self.model.lora_rank}: a vLLM request keeps "
                              "the LoRA adapter it started with, so a paused request would go on with the old adapter; "
                              "use rollout.partial=abort")
-        if r.is_multi_turn:
-            raise ValueError("trainer.async_mode=stream generates single-turn groups; multi-turn rollouts "
-                             "(rollout.tools / rollout.environment) run with async_mode=ahead")
+        if r.is_multi_turn and r.partial == "pause":
+            raise ValueError("rollout.partial=pause with rollout.tools / rollout.environment under "
+                             "trainer.async_mode=stream: a multi-turn group takes new weights between turns, never "
+                             "inside a model turn; use rollout.partial=abort (between turns) or off (whole group)")
+        if r.is_multi_turn and t.stream_order == "submission":
+            raise ValueError("trainer.stream_order=submission with rollout.tools / rollout.environment: the "
+                             "submission schedule is in chunks of tokens, a multi-turn group is generated whole; "
+                             "use trainer.stream_order=completion")
 
     def publishes_after(self, iteration: int) -> bool:
         """Whether ``iteration``'s policy update is published to the rollout pool: every

@@ -94,7 +94,9 @@ class RolloutConfig(_Section):
         "a prefix, prefilled again (verl fully-async / slime / AReaL); 'pause' = generation pauses in place while "
         "the weights load and the KV cache is kept, later tokens sampled by the new weights (the vllm engine, "
         "completion order, no LoRA; the hf engine does not: a config error); "
-        "'off' = a group finishes under the weights it started with (new weights apply to groups not yet started).",
+        "'off' = a group finishes under the weights it started with (new weights apply to groups not yet started). "
+        "Multi-turn rollouts (rollout.tools / rollout.environment): 'abort' = new weights load between turns (a "
+        "model turn is never cut; the environments keep their state), 'off' as above, 'pause' a config error.",
     )
     partial_chunk_tokens: int = Field(
         32, gt=0, description="trainer.async_mode=stream: new tokens generated per chunk; weights change only "

@@ -45,6 +45,15 @@ def test_hf_offers_pause_in_its_own_decode_loop_lora_included():
     assert cfg.rollout.engine == "hf" and cfg.rollout.partial == "pause"
 
 
+@pytest.mark.parametrize("partial", ["abort", "off"])
+def test_multi_turn_rollouts_stream_in_completion_order(partial):
+    """Issue 38: a multi-turn group streams whole; weights load between turns (abort) or not at all (off)."""
+    cfg = tiny_cfg("trainer.async_mode=stream", POOL, "rollout.tools=[calculator]", f"rollout.partial={partial}")
+    assert cfg.async_mode == "stream" and cfg.rollout.is_multi_turn and cfg.rollout.partial == partial
+    env = tiny_cfg("trainer.async_mode=stream", POOL, "rollout.environment=tests.unit.agent_fixtures:GuessEnv")
+    assert env.async_mode == "stream" and env.rollout.partial == "abort"
+
+
 @pytest.mark.parametrize("overrides, fragment", [
     (["trainer.async_mode=stream"], "trainer.async_mode=stream needs a rollout pool"),
     (["trainer.async_mode=off", "trainer.max_staleness=1", POOL], "trainer.async_mode=off but trainer.max_staleness=1"),
@@ -59,7 +68,10 @@ def test_hf_offers_pause_in_its_own_decode_loop_lora_included():
      "rollout.partial=pause with trainer.stream_order=submission"),
     (["trainer.async_mode=stream", POOL, "rollout.engine=vllm", "rollout.partial=pause", "model.lora_rank=4"],
      "rollout.partial=pause with model.lora_rank=4"),
-    (["trainer.async_mode=stream", POOL, "rollout.tools=[calculator]"], "multi-turn rollouts"),
+    (["trainer.async_mode=stream", POOL, "rollout.tools=[calculator]", "rollout.partial=pause"],
+     "rollout.partial=pause with rollout.tools / rollout.environment under trainer.async_mode=stream"),
+    (["trainer.async_mode=stream", POOL, "rollout.tools=[calculator]", "trainer.stream_order=submission"],
+     "trainer.stream_order=submission with rollout.tools / rollout.environment"),
     (["trainer.async_mode=flow"], "trainer.async_mode"),
     (["trainer.async_mode=stream", POOL, "rollout.partial=sometimes"], "rollout.partial"),
     (["rollout.partial_chunk_tokens=0"], "rollout.partial_chunk_tokens"),

@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ from hybridflow.batch import is_padding
 from workers.progress import Tick
 from workers.rollout.base import RolloutOutput, SamplingParams, right_pad
 from workers.rollout.capabilities import engine_capabilities
+from workers.rollout.multi_turn_metrics import merge_prompt_metrics, multi_turn_metrics
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Trajectory:
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per token: the weights version of the turn that made it
     turns: int = 0
     finish: str | None = None
     reward: float | None = None
@@ -76,10 +79,15 @@ class Trajectory:
     invalid_moves: int | None = None  # a game's invalid moves (info "invalid_moves"), None when never reported
     won: float | None = None  # a game's outcome (info "won": 1 win, 0 not), None when never reported
 
-    def append(self, ids: list[int], model: bool, logp: list[float] | None = None) -> None:
+    def append(self, ids: list[int], model: bool, logp: list[float] | None = None, version: int | None = None) -> None:
+        """Add ``ids`` (model tokens or not); ``version``: the weights version that sampled them (None:
+        the last turn's, for an observation; 0 before any)."""
         self.ids += ids
         self.mask += [model] * len(ids)
         self.logp += logp if logp is not None else [0.0] * len(ids)
+        if version is None:
+            version = self.versions[-1] if self.versions else 0
+        self.versions += [version] * len(ids)
 
 
 @dataclass
@@ -87,11 +95,15 @@ class MultiTurnOutput(RolloutOutput):
     """RolloutOutput plus what a multi-turn rollout adds: prompt_ids/prompt_mask (the conversation
     starts, which an environment's reset may change), observation_mask [B, R], per-row non-tensors
     (env_reward, num_turns, messages, and raw_prompt / extra_info with ``extra_info["messages"]``,
-    the conversation the reward functions see) and metrics."""
+    the conversation the reward functions see), metrics, and token_versions (the weights version of
+    each token's turn, as ``before_turn`` reported it; the streaming rollout's
+    ``rollout_token_versions``)."""
 
     prompt_ids: Tensor | None = None
     prompt_mask: Tensor | None = None
     observation_mask: Tensor | None = None
+    token_versions: Tensor | None = None  # [B, R] int64: each response token's turn's weights version (not in tensors())
+    prompt_metrics: list[dict[str, float]] | None = None  # per prompt, generate(per_prompt_metrics=True)
     non_tensors: dict[str, list[Any]] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -139,16 +151,32 @@ class MultiTurnRollout:
         return cls(engine, tokenizer, cfg.rollout, runner)
 
     # ---- the loop ------------------------------------------------------------------------------
-    def generate(self, batch: Any, sampling: SamplingParams, progress: Tick | None = None) -> MultiTurnOutput:
+    def generate(self, batch: Any, sampling: SamplingParams, progress: Tick | None = None,
+                 before_turn: Callable[[int], int] | None = None, per_prompt_metrics: bool = False) -> MultiTurnOutput:
         """Batch of B prompts (prompt_ids/prompt_mask + raw_chat, extra_info, ... non-tensors) →
         B*n trajectories, prompt-major. ``sampling.max_new_tokens`` is the whole response budget.
-        progress: called with (trajectories finished, B*n) after every round of turns."""
+        progress: called with (trajectories finished, B*n) after every round of turns.
+
+        before_turn: called with the number of live trajectories before every round's engine call,
+        between the environments' steps and the next model turn (the streaming rollout loads newer weights there,
+        :mod:`workers.group_stream`); returns the weights version the turn is generated with, which
+        its tokens record (``token_versions``; without it every token records 0). When the version
+        changes, the trajectories' kept KV caches (``multi_turn.kv_cache``) are dropped, so the
+        conversation so far is prefilled again under the new weights; the environments are not
+        touched. A model turn is never interrupted. per_prompt_metrics: the metrics are computed per
+        prompt (its n trajectories) into ``prompt_metrics``, without a collective (a thread that is
+        not the rank's main one; :func:`merge_prompt_metrics` joins them), and ``metrics`` is empty."""
         trajs = self._start(batch, sampling.n)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        round_ = 0
+        round_, version = 0, None
         while live := [t for t in trajs if t.finish is None]:
+            now = before_turn(len(live)) if before_turn is not None else 0
+            if version is not None and now != version:
+                for t in live:
+                    t.kv = None  # computed under the old weights
+            version = now
             self._generate_turn(live, dataclasses.replace(sampling, n=1, seed=seed + 7919 * round_),
-                                sampling.max_new_tokens)  # fmt: skip
+                                sampling.max_new_tokens, version)  # fmt: skip
             stepping = [t for t in live if t.finish is None]
             outcomes = self.runner.run([EnvCall.step(t.env, t.state, t.messages[-1]["content"], self.output_bytes,
                                                      key=t.key if t.sticky else None) for t in stepping])
@@ -158,6 +186,12 @@ class MultiTurnRollout:
             if progress is not None:
                 progress(sum(t.finish is not None for t in trajs), len(trajs))
         self._close_sticky(trajs)
+        if per_prompt_metrics:
+            out = self._output(trajs, counted=False, reduce=False)
+            out.metrics = {}
+            out.prompt_metrics = [multi_turn_metrics(trajs[i:i + sampling.n], self.tool_names, reduce=False)
+                                  for i in range(0, len(trajs), sampling.n)]
+            return out
         return self._output(trajs, counted=not (hasattr(batch, "meta") and is_padding(batch)))
 
     def _close_sticky(self, trajs: list[Trajectory]) -> None:
@@ -213,8 +247,9 @@ class MultiTurnRollout:
             messages = _with_system(messages, get_tool_format(self.mt.tool_format).system_prompt(schemas))
         return self.renderer.prompt_ids(messages)
 
-    def _generate_turn(self, live: list[Trajectory], sampling: SamplingParams, budget: int) -> None:
-        """One engine call for the next turn of every live trajectory; appends the model tokens."""
+    def _generate_turn(self, live: list[Trajectory], sampling: SamplingParams, budget: int, version: int = 0) -> None:
+        """One engine call for the next turn of every live trajectory; appends the model tokens
+        (sampled under weights ``version``)."""
         caps = [min(self.per_turn, budget - len(t.ids)) for t in live]
         sampling = dataclasses.replace(sampling, max_new_tokens=max(caps))
         if self.continue_kv:
@@ -225,7 +260,7 @@ class MultiTurnRollout:
             m = out.response_mask[r]
             new = out.response_ids[r][m].tolist()[:cap]
             stopped = out.finish_reason[r] == "stop" and int(m.sum()) <= cap
-            t.append(new, True, out.rollout_log_probs[r][m].tolist()[:cap])
+            t.append(new, True, out.rollout_log_probs[r][m].tolist()[:cap], version)
             t.turns += 1
             t.kv = None if kvs[r] is None else kvs[r].truncated(len(t.prompt) + len(t.ids))
             t.messages.append({"role": "assistant", "content": self.tokenizer.decode(new, skip_special_tokens=True)})
@@ -300,15 +335,16 @@ class MultiTurnRollout:
         return EnvCall.reset(t.env, kwargs, row, self.output_bytes, key=t.key)
 
     # ---- output --------------------------------------------------------------------------------
-    def _output(self, trajs: list[Trajectory], counted: bool = True) -> MultiTurnOutput:
+    def _output(self, trajs: list[Trajectory], counted: bool = True, reduce: bool = True) -> MultiTurnOutput:
         """``counted`` False for a data-parallel padding stand-in: its trajectories join the
-        metrics' all-reduce with nothing (workers/dispatch.py)."""
+        metrics' all-reduce with nothing (workers/dispatch.py); ``reduce`` False: no all-reduce."""
         width = max(1, max(len(t.ids) for t in trajs))
         rows = [torch.tensor([t.ids], dtype=torch.int64).reshape(1, -1) for t in trajs]
         ids = right_pad(rows, self.pad_id, width)
         mask = right_pad([torch.tensor([t.mask], dtype=torch.bool).reshape(1, -1) for t in trajs], False, width)
         real = right_pad([torch.ones((1, len(t.ids)), dtype=torch.bool) for t in trajs], False, width)
         logp = right_pad([torch.tensor([t.logp], dtype=torch.float32).reshape(1, -1) for t in trajs], 0.0, width)
+        vers = right_pad([torch.tensor([t.versions], dtype=torch.int64).reshape(1, -1) for t in trajs], 0, width)
         p_width = max(len(t.prompt) for t in trajs)
         p_ids = torch.full((len(trajs), p_width), self.pad_id, dtype=torch.int64)
         p_mask = torch.zeros((len(trajs), p_width), dtype=torch.bool)
@@ -324,7 +360,8 @@ class MultiTurnRollout:
         }
         return MultiTurnOutput(
             ids, mask, logp, [t.finish or "length" for t in trajs], prompt_ids=p_ids, prompt_mask=p_mask,
-            observation_mask=real & ~mask, non_tensors=non_tensors, metrics=multi_turn_metrics(trajs if counted else [], self.tool_names),
+            observation_mask=real & ~mask, token_versions=vers, non_tensors=non_tensors,
+            metrics=multi_turn_metrics(trajs if counted else [], self.tool_names, reduce=reduce),
         )  # fmt: skip
 
 
@@ -337,54 +374,5 @@ def _with_system(messages: list[dict[str, Any]], text: str | None) -> list[dict[
     return [{"role": "system", "content": text}, *messages]
 
 
-def multi_turn_metrics(trajs: list[Trajectory], tool_names: list[str] = ()) -> dict[str, float]:
-    """multi_turn/num_turns/{mean,max}, multi_turn/finish/<reason> (fractions), tool/calls/mean,
-    tool/<name>/calls (for ``tool_names``), tool/errors, tool/timeouts, tool/parse_errors, tool/truncated (counts),
-    env/errors, response_length/observation_tokens/mean, env/invalid_moves/mean and env/win_rate (over the
-    trajectories whose environment reported ``invalid_moves`` / ``won`` in a step's info; absent when
-    none did), sandbox/walls (1/0: whether the ``python``
-    tool's sandbox has its walls here; only with that tool) — over the trajectories of every rank
-    (summed / maxed across a data-parallel group, like the policy's other generation metrics)."""
-    from workers import distributed as D
-
-    reasons = ("stop", "length", "max_turns", "env_done", "env_error")
-    calls: Counter[str] = Counter()
-    for t in trajs:
-        calls.update(t.tool_calls)
-    local = [float(len(trajs)), sum(t.turns for t in trajs), sum(calls.values()), sum(t.tool_errors for t in trajs),
-             sum(t.tool_timeouts for t in trajs), sum(t.parse_errors for t in trajs),
-             sum(t.observation_tokens for t in trajs), *(sum(t.finish == r for t in trajs) for r in reasons),
-             *(calls[name] for name in tool_names),
-             sum(t.invalid_moves or 0 for t in trajs), sum(t.invalid_moves is not None for t in trajs),
-             sum(t.won or 0.0 for t in trajs), sum(t.won is not None for t in trajs),
-             sum(t.truncated for t in trajs)]  # fmt: skip
-    sums = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
-    top = float(D.all_reduce_max(torch.tensor([max((t.turns for t in trajs), default=0)], dtype=torch.float64))[0])
-    n = max(sums[0], 1.0)
-    out = {
-        "multi_turn/num_turns/mean": sums[1] / n,
-        "multi_turn/num_turns/max": top,
-        "tool/calls/mean": sums[2] / n,
-        "tool/errors": sums[3],
-        "tool/timeouts": sums[4],
-        "tool/parse_errors": sums[5],
-        "tool/truncated": sums[-1],
-        "response_length/observation_tokens/mean": sums[6] / n,
-        "env/errors": sums[7 + reasons.index("env_error")],
-    }
-    for i, reason in enumerate(reasons):
-        out[f"multi_turn/finish/{reason}"] = sums[7 + i] / n
-    for i, name in enumerate(tool_names):
-        out[f"tool/{name}/calls"] = sums[7 + len(reasons) + i]
-    invalid, reporting_invalid, won, reporting_won = sums[-5:-1]
-    if reporting_invalid:
-        out["env/invalid_moves/mean"] = invalid / reporting_invalid
-    if reporting_won:
-        out["env/win_rate"] = won / reporting_won
-    if "python" in tool_names:
-        from hybridflow.rewards.sandbox import walls_check
-
-        out["sandbox/walls"] = float(walls_check().available)
-    return out
-
-__all__ = ["MultiTurnRollout", "MultiTurnOutput", "Trajectory", "multi_turn_metrics", "TRUNCATION_MARKER"]
+__all__ = ["MultiTurnRollout", "MultiTurnOutput", "Trajectory", "multi_turn_metrics", "merge_prompt_metrics",
+           "TRUNCATION_MARKER"]
