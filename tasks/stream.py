@@ -30,6 +30,7 @@ from tasks.pools import pool_of
 from tasks.rollout import driver_rollout_task
 from tasks.types import RolloutResult
 from tasks.weight_sync import weight_sync
+from workers.rollout.base import left_pad
 from workers.rollout.multi_turn import merge_prompt_metrics
 
 POLL_S = 0.2
@@ -108,15 +109,10 @@ def _multi_turn_fields(rows: Batch, groups: list[dict[str, Any]], flat: list[tup
     """Set the multi-turn fields of :func:`assemble` on ``rows`` (``real``: [B, R] every response
     token); returns the response_mask (model tokens)."""
     model = torch.zeros_like(real)
-    prompts = [g["multi_turn"]["prompts"][k] for g, k in flat]
-    width = max(len(p) for p in prompts)
-    p_ids = torch.full((len(flat), width), pad_id, dtype=torch.long)
-    p_mask = torch.zeros((len(flat), width), dtype=torch.bool)
-    for i, ((g, k), p) in enumerate(zip(flat, prompts, strict=True)):
+    for i, (g, k) in enumerate(flat):
         m = g["multi_turn"]["model_mask"][k]
         model[i, :len(m)] = torch.tensor(m, dtype=torch.bool)
-        p_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        p_mask[i, width - len(p):] = True
+    p_ids, p_mask = left_pad([g["multi_turn"]["prompts"][k] for g, k in flat], pad_id)
     rows.set("prompt_ids", p_ids)
     rows.set("prompt_mask", p_mask)
     rows.set("observation_mask", real & ~model)

@@ -55,9 +55,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from workers.group_stream_turns import MultiTurnGroups
+from workers.rollout.base import left_pad
 
 _log = logging.getLogger(__name__)
 CHUNK_SEED_STRIDE = 7_919  # chunk c of a call seeded s samples with s + c·stride (completion order)
@@ -97,17 +96,6 @@ class _Group:
         if self.multi_turn is not None:  # model_mask, prompts, non_tensors, metrics (per row / per group)
             out["multi_turn"] = self.multi_turn
         return out
-
-
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id lists → (ids [B, W] int64 left padded with ``pad_id``, mask [B, W] bool), W the longest."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = True
-    return ids, mask
 
 
 class StreamStopped(RuntimeError):

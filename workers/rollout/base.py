@@ -202,6 +202,17 @@ def finalize_responses(
     return RolloutOutput(ids, mask, lp, reasons)
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Token-id lists → (ids [B, W] int64 left padded with ``pad_id``, mask [B, W] bool), W the longest."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.int64)
+        mask[i, width - len(r):] = True
+    return ids, mask
+
+
 def right_pad(rows: Sequence[Tensor], value: float | int, width: int | None = None) -> Tensor:
     """Stack 2-D blocks [n_i, R_i] into [Σn_i, max R_i] (or ``width``), padding on the right."""
     width = max(r.shape[1] for r in rows) if width is None else width

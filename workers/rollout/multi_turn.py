@@ -44,7 +44,7 @@ from hybridflow.agents.remote import EnvCall, EnvOutcome
 from hybridflow.agents.render import ChatRenderer, fit_observation
 from hybridflow.batch import is_padding
 from workers.progress import Tick
-from workers.rollout.base import RolloutOutput, SamplingParams, right_pad
+from workers.rollout.base import RolloutOutput, SamplingParams, left_pad, right_pad
 from workers.rollout.capabilities import engine_capabilities
 from workers.rollout.multi_turn_metrics import merge_prompt_metrics, multi_turn_metrics
 
@@ -270,13 +270,7 @@ class MultiTurnRollout:
                 t.finish = "length"
 
     def _left_padded(self, live: list[Trajectory]) -> tuple[Tensor, Tensor]:
-        seqs = [torch.tensor(t.prompt + t.ids, dtype=torch.int64) for t in live]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(live), width), self.pad_id, dtype=torch.int64)
-        mask = torch.zeros((len(live), width), dtype=torch.bool)
-        for r, s in enumerate(seqs):
-            ids[r, width - len(s) :], mask[r, width - len(s) :] = s, True
-        return ids, mask
+        return left_pad([t.prompt + t.ids for t in live], self.pad_id)
 
     def _after_step(self, t: Trajectory, outcome: EnvOutcome, budget: int) -> None:
         """Record the step's result; end the trajectory or append the observation's tokens."""
@@ -345,12 +339,7 @@ class MultiTurnRollout:
         real = right_pad([torch.ones((1, len(t.ids)), dtype=torch.bool) for t in trajs], False, width)
         logp = right_pad([torch.tensor([t.logp], dtype=torch.float32).reshape(1, -1) for t in trajs], 0.0, width)
         vers = right_pad([torch.tensor([t.versions], dtype=torch.int64).reshape(1, -1) for t in trajs], 0, width)
-        p_width = max(len(t.prompt) for t in trajs)
-        p_ids = torch.full((len(trajs), p_width), self.pad_id, dtype=torch.int64)
-        p_mask = torch.zeros((len(trajs), p_width), dtype=torch.bool)
-        for r, t in enumerate(trajs):
-            p_ids[r, p_width - len(t.prompt) :] = torch.tensor(t.prompt, dtype=torch.int64)
-            p_mask[r, p_width - len(t.prompt) :] = True
+        p_ids, p_mask = left_pad([t.prompt for t in trajs], self.pad_id)
         non_tensors = {
             "env_reward": [t.reward for t in trajs],
             "num_turns": [t.turns for t in trajs],
